@@ -1,0 +1,124 @@
+// flashattn: exact attention computed the FlashAttention way.
+//
+// Forward (Dao et al. 2022, "FlashAttention", Alg. 1; Dao 2023, "FlashAttention-2", Alg. 1):
+//   S   = softmax_scale · Q Kᵀ                                  [seqlen_q, seqlen_k] per (batch, head)
+//   S   = softcap · tanh(S / softcap)             if softcap > 0 (Gemma-2 style logit capping)
+//   S   = S − slope_h · |i + (seqlen_k − seqlen_q) − j|          if alibi_slopes (Press et al. 2022)
+//   S   = −inf where the mask hides key j from query i           (causal / sliding window, below)
+//   lse = log Σ_j exp(S_ij)                                       natural log, float32
+//   O   = exp(S − lse) V
+// The seqlen_q × seqlen_k matrix is never materialized: keys are visited in tiles and an
+// online softmax (running max m and sum l) rescales the partial output (FA-2 Alg. 1 lines 8–10).
+//
+// Backward (FA-2 Alg. 2): with P = exp(S − lse), D_i = Σ_d dO_id · O_id,
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ = softmax_scale · dS' K,  dK = softmax_scale · dS'ᵀ Q
+// where dS' is dS times the derivative of softcap (1 − tanh²) when softcap > 0.
+//
+// Masks. Query row i (0-based within its sequence) may see key j when
+//   j ≥ i + offset − window_size_left   (unless window_size_left < 0: unbounded)
+//   j ≤ i + offset + window_size_right  (unless window_size_right < 0: unbounded)
+// with offset = seqlen_k − seqlen_q for CausalAlign::bottom_right (FlashAttention ≥ 2.1) and
+// offset = 0 for CausalAlign::top_left (PyTorch's is_causal). causal = true is window_size_right = 0.
+// A query row that sees no key gets out = 0 and lse = −inf; its gradients are 0.
+//
+// Layouts (strides in elements, the last dimension contiguous):
+//   batched: q [batch, seqlen_q, num_heads, head_dim]      k [batch, seqlen_k, num_heads_k, head_dim]
+//            v [batch, seqlen_k, num_heads_k, head_dim_v]  out [batch, seqlen_q, num_heads, head_dim_v]
+//            lse [batch, num_heads, seqlen_q] float32
+//   varlen:  q [total_q, num_heads, head_dim], k/v [total_k, num_heads_k, ...], out [total_q, ...],
+//            cu_seqlens_q / cu_seqlens_k int32 [batch + 1], lse [num_heads, total_q] float32
+//   dout, dq, dk, dv have the shapes of out, q, k, v.
+//   alibi_slopes float32 [num_heads] or [batch, num_heads].
+// GQA/MQA: num_heads must be a multiple of num_heads_k; query head h reads KV head h / (num_heads / num_heads_k),
+// and dk/dv of a KV head are sums over its query heads.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace flashattn {
+
+/// Every error the library reports. The message names the argument, what was expected and what came,
+/// e.g. "q: expected dtype bf16 (same as k), got fp16". CUDA failures carry CUDA's own message.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 };
+enum class Device : int32_t { cpu = 0, cuda = 1 };
+enum class CausalAlign : int32_t { bottom_right = 0, top_left = 1 };
+
+const char* dtype_name(DType dtype);
+std::size_t dtype_size(DType dtype);
+
+/// A non-owning view of a strided tensor. An empty view (data == nullptr, ndim == 0) means "not given".
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int32_t device_index = 0;
+  int32_t ndim = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};  // in elements
+
+  bool defined() const { return ndim > 0; }
+  int64_t numel() const;
+};
+
+/// A contiguous (row-major) view over `data` with the given shape.
+TensorView make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                       Device device = Device::cpu, int32_t device_index = 0);
+
+/// Everything one attention call needs, shared by forward and backward (as FlashAttention-3's
+/// hopper/flash.h). Forward reads q, k, v and writes out (and lse when given). Backward reads
+/// q, k, v, out, lse, dout and writes dq, dk, dv.
+struct AttentionParams {
+  TensorView q, k, v, out, lse;
+  TensorView dout, dq, dk, dv;
+
+  // Variable-length batch: both given or neither. max_seqlen_* are optional hints (0 = derive).
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(head_dim)
+  bool causal = false;
+  CausalAlign causal_align = CausalAlign::bottom_right;
+  int64_t window_size_left = -1;   // -1 = unbounded
+  int64_t window_size_right = -1;  // -1 = unbounded (0 when causal)
+  float softcap = 0.0f;            // 0 = off
+  TensorView alibi_slopes;         // float32 [num_heads] or [batch, num_heads]
+
+  bool deterministic = false;  // backward: bitwise-repeatable results (no atomics on the GPU)
+  int num_threads = 0;         // CPU: 0 = all hardware threads
+  void* stream = nullptr;      // CUDA: cudaStream_t, nullptr = default stream
+};
+
+/// Which kernel would run a call, or why none can. Dispatch, the CLI, the bindings and the tests all
+/// ask this, so "supported" and "runs" never disagree.
+struct Plan {
+  bool ok = false;
+  std::string kernel;  // e.g. "cpu_fwd_tiled", "cuda_fwd_sm80_mma_hdim128"
+  std::string reason;  // when !ok: the argument, what was expected and what came
+};
+
+enum class Pass : int32_t { forward = 0, backward = 1 };
+
+/// Validates `params` for `pass` and names the kernel that would run. Never throws for bad input.
+Plan plan(const AttentionParams& params, Pass pass);
+
+/// Forward pass: writes out (and lse when defined). Throws flashattn::Error on bad input; on error
+/// nothing is written to the outputs. CUDA calls are asynchronous on params.stream.
+void forward(const AttentionParams& params);
+
+/// Backward pass: writes dq, dk, dv. lse must be the forward's. Throws flashattn::Error.
+void backward(const AttentionParams& params);
+
+/// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_available();
+
+/// Version string, e.g. "0.1.0".
+const char* version();
+
+}  // namespace flashattn
