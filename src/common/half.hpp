@@ -22,18 +22,49 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// GCC and clang on x86-64 provide _Float16 with correct IEEE rounding (F16C when available).
+// Portable bit-level IEEE binary16 conversions (clang 14 lacks _Float16 on x86-64).
 inline float fp16_to_float(uint16_t h) {
-  _Float16 x;
-  std::memcpy(&x, &h, 2);
-  return static_cast<float>(x);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf / NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int e = -1;
+    do { ++e; mant <<= 1; } while ((mant & 0x400u) == 0);
+    bits = sign | ((112u - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 inline uint16_t float_to_fp16(float f) {
-  const _Float16 x = static_cast<_Float16>(f);
-  uint16_t h;
-  std::memcpy(&h, &x, 2);
-  return h;
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // rounds to >= 65520: inf
+  if (abs >= 0x38800000u) {                              // normal half
+    const uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u) - (112u << 23);
+    return sign | static_cast<uint16_t>(r >> 13);
+  }
+  if (abs < 0x33000000u) return sign;                    // below half the smallest subnormal
+  // subnormal half: shift the full mantissa, round to nearest even
+  const uint32_t e = abs >> 23;
+  const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - e;                       // 14 + (112 - e) + 1 - 1
+  const uint32_t half_ulp = 1u << (shift - 1);
+  uint32_t v = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  if (rem > half_ulp || (rem == half_ulp && (v & 1u))) ++v;
+  return sign | static_cast<uint16_t>(v);
 }
 
 }  // namespace flashattn::detail
