@@ -70,12 +70,17 @@ pip_wanted=("${PIP_PACKAGES[@]}")
 if [ "${FLASHATTN_DEPS_TORCH:-1}" != "0" ]; then
   pip_wanted+=("${PIP_TORCH_PACKAGES[@]}")
 fi
-missing_pip=()
-for pkg in "${pip_wanted[@]}"; do
-  if ! "$PYTHON" -m pip show -q "$pkg" >/dev/null 2>&1; then
-    missing_pip+=("$pkg")
-  fi
-done
+# One interpreter start for all the checks (`pip show` per package takes a second each).
+mapfile -t missing_pip < <("$PYTHON" - "${pip_wanted[@]}" <<'PY'
+import sys
+from importlib import metadata
+for name in sys.argv[1:]:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        print(name)
+PY
+)
 if [ ${#missing_pip[@]} -gt 0 ]; then
   log "pip: installing ${missing_pip[*]}"
   "$PYTHON" -m pip install -q --disable-pip-version-check "${missing_pip[@]}"
