@@ -3,8 +3,10 @@
 // every backend can trust it without re-checking.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "flashattn/flashattn.hpp"
 

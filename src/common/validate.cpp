@@ -1,0 +1,450 @@
+// validate(): the one place that turns public AttentionParams into trusted detail::Params, or says
+// why it cannot. Every message names the argument, what was expected and what came, so that
+// plan(), the CLI and the bindings can show it unchanged. Nothing here writes to any tensor.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/params.hpp"
+
+namespace flashattn::detail {
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string shape_str(const TensorView& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int32_t d = 0; d < t.ndim && d < 4; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << ']';
+  return os.str();
+}
+
+const char* device_name(Device device) {
+  switch (device) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+  }
+  return "unknown";
+}
+
+std::string device_str(const TensorView& t) {
+  return std::string(device_name(t.device)) + ":" + std::to_string(t.device_index);
+}
+
+bool valid_dtype(DType d) {
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::i32;
+}
+
+// Checks that hold for every given tensor on its own: rank, dtype and device enums, non-negative
+// sizes, last dimension contiguous, non-negative strides, data present, and that the largest
+// element offset (and its byte offset) reachable through shape and strides fits in int64, so that
+// no backend's index arithmetic can overflow.
+void check_tensor(const char* name, const TensorView& t, int32_t expected_ndim, const char* layout) {
+  if (t.ndim != expected_ndim) {
+    fail(std::string(name) + ": expected rank " + std::to_string(expected_ndim) + " " + layout + ", got rank " +
+         std::to_string(t.ndim));
+  }
+  if (!valid_dtype(t.dtype)) {
+    fail(std::string(name) + ": expected a dtype among fp32, fp16, bf16, int32, got enum value " +
+         std::to_string(static_cast<int32_t>(t.dtype)));
+  }
+  if (t.device != Device::cpu && t.device != Device::cuda) {
+    fail(std::string(name) + ": expected device cpu or cuda, got enum value " +
+         std::to_string(static_cast<int32_t>(t.device)));
+  }
+  if (t.device_index < 0) {
+    fail(std::string(name) + ": expected device_index >= 0, got " + std::to_string(t.device_index));
+  }
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) {
+      fail(std::string(name) + ": expected shape[" + std::to_string(d) + "] >= 0, got " + std::to_string(t.shape[d]));
+    }
+  }
+  const int32_t last = t.ndim - 1;
+  // A size-1 last dimension is never stepped through, so its stride does not matter (PyTorch
+  // leaves arbitrary strides on size-1 dims).
+  if (t.shape[last] > 1 && t.stride[last] != 1) {
+    fail(std::string(name) + ": expected stride[" + std::to_string(last) +
+         "] = 1 (last dimension contiguous), got " + std::to_string(t.stride[last]));
+  }
+  for (int32_t d = 0; d < last; ++d) {
+    if (t.stride[d] < 0) {
+      fail(std::string(name) + ": expected stride[" + std::to_string(d) + "] >= 0, got " +
+           std::to_string(t.stride[d]));
+    }
+  }
+  int64_t numel = 1;
+  int64_t max_offset = 0;
+  bool overflow = false;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    overflow |= __builtin_mul_overflow(numel, t.shape[d], &numel);
+    if (t.shape[d] > 1 && d != last) {
+      int64_t span = 0;
+      overflow |= __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span);
+      overflow |= __builtin_add_overflow(max_offset, span, &max_offset);
+    } else if (t.shape[d] > 1) {
+      overflow |= __builtin_add_overflow(max_offset, t.shape[d] - 1, &max_offset);
+    }
+  }
+  int64_t max_byte = 0;
+  if (!overflow) {
+    overflow |= __builtin_add_overflow(max_offset, int64_t{1}, &max_byte);
+    overflow |= __builtin_mul_overflow(max_byte, static_cast<int64_t>(dtype_size(t.dtype)), &max_byte);
+  }
+  if (overflow) {
+    fail(std::string(name) + ": expected shape " + shape_str(t) +
+         " and strides to address at most 2^63 - 1 bytes, got an element offset that overflows int64");
+  }
+  if (numel > 0 && t.data == nullptr) {
+    fail(std::string(name) + ": expected a data pointer for shape " + shape_str(t) + ", got nullptr");
+  }
+}
+
+void check_dtype(const char* name, const TensorView& t, DType expected, const char* why) {
+  if (t.dtype != expected) {
+    fail(std::string(name) + ": expected dtype " + dtype_name(expected) + " (" + why + "), got " +
+         dtype_name(t.dtype));
+  }
+}
+
+void check_dim(const char* name, const TensorView& t, int32_t d, const char* what, int64_t expected,
+               const char* from) {
+  if (t.shape[d] != expected) {
+    fail(std::string(name) + ": expected shape[" + std::to_string(d) + "] (" + what + ") = " +
+         std::to_string(expected) + " (" + from + "), got " + std::to_string(t.shape[d]) + " in shape " +
+         shape_str(t));
+  }
+}
+
+// Reads a host int32 cu_seqlens array and checks it is a valid prefix sum ending at `total`.
+int64_t check_cu_seqlens(const char* name, const TensorView& t, int64_t batch, int64_t total,
+                         const char* total_what) {
+  // Contiguous: check_tensor() requires stride 1 on the only (last) dimension when it has > 1 element.
+  const int32_t* cu = static_cast<const int32_t*>(t.data);
+  if (cu[0] != 0) fail(std::string(name) + ": expected element 0 = 0, got " + std::to_string(cu[0]));
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lo = cu[b], hi = cu[b + 1];
+    if (hi < lo) {
+      fail(std::string(name) + ": expected non-decreasing values, got element " + std::to_string(b + 1) + " = " +
+           std::to_string(hi) + " < element " + std::to_string(b) + " = " + std::to_string(lo));
+    }
+    max_len = std::max(max_len, hi - lo);
+  }
+  const int64_t last = cu[batch];
+  if (last != total) {
+    fail(std::string(name) + ": expected last element = " + std::to_string(total) + " (" + total_what +
+         "), got " + std::to_string(last));
+  }
+  return max_len;
+}
+
+void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
+  if (hint < 0) fail(std::string(name) + ": expected >= 0 (0 = derive), got " + std::to_string(hint));
+  if (hint > 0 && hint < real_max) {
+    fail(std::string(name) + ": expected 0 or >= the longest sequence (" + std::to_string(real_max) + "), got " +
+         std::to_string(hint));
+  }
+}
+
+}  // namespace
+
+Params validate(const AttentionParams& a, Pass pass) {
+  if (pass != Pass::forward && pass != Pass::backward) {
+    fail("pass: expected forward or backward, got enum value " + std::to_string(static_cast<int32_t>(pass)));
+  }
+  const bool bwd = pass == Pass::backward;
+  const char* pass_name = bwd ? "backward" : "forward";
+
+  // An empty view is ndim == 0; a pointer without a shape is almost certainly a caller's mistake.
+  struct Named {
+    const char* name;
+    const TensorView* t;
+  };
+  const Named all[] = {{"q", &a.q},       {"k", &a.k},         {"v", &a.v},
+                       {"out", &a.out},   {"lse", &a.lse},     {"dout", &a.dout},
+                       {"dq", &a.dq},     {"dk", &a.dk},       {"dv", &a.dv},
+                       {"cu_seqlens_q", &a.cu_seqlens_q},      {"cu_seqlens_k", &a.cu_seqlens_k},
+                       {"alibi_slopes", &a.alibi_slopes}};
+  for (const Named& n : all) {
+    if (n.t->ndim < 0 || n.t->ndim > 4) {
+      fail(std::string(n.name) + ": expected ndim in 0..4, got " + std::to_string(n.t->ndim));
+    }
+    if (n.t->ndim == 0 && n.t->data != nullptr) {
+      fail(std::string(n.name) + ": expected ndim >= 1 for a tensor with data (ndim 0 means not given), got ndim 0");
+    }
+  }
+
+  // Required tensors for the pass. In the forward the backward tensors are ignored, so one
+  // AttentionParams can serve both passes.
+  const Named required_fwd[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}};
+  const Named required_bwd[] = {{"lse", &a.lse}, {"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
+  for (const Named& n : required_fwd) {
+    if (!n.t->defined()) fail(std::string(n.name) + ": expected a tensor (required by the " + pass_name + "), got none");
+  }
+  if (bwd) {
+    for (const Named& n : required_bwd) {
+      if (!n.t->defined()) fail(std::string(n.name) + ": expected a tensor (required by the backward), got none");
+    }
+  }
+
+  if (a.cu_seqlens_q.defined() != a.cu_seqlens_k.defined()) {
+    fail(a.cu_seqlens_q.defined() ? "cu_seqlens_k: expected a tensor (cu_seqlens_q is given), got none"
+                                  : "cu_seqlens_q: expected a tensor (cu_seqlens_k is given), got none");
+  }
+  const bool varlen = a.cu_seqlens_q.defined();
+  const int32_t rank = varlen ? 3 : 4;
+  const char* q_layout = varlen ? "[total_q, num_heads, head_dim] (varlen)" : "[batch, seqlen_q, num_heads, head_dim]";
+  const char* k_layout = varlen ? "[total_k, num_heads_k, head_dim] (varlen)" : "[batch, seqlen_k, num_heads_k, head_dim]";
+  const char* v_layout =
+      varlen ? "[total_k, num_heads_k, head_dim_v] (varlen)" : "[batch, seqlen_k, num_heads_k, head_dim_v]";
+  const char* o_layout =
+      varlen ? "[total_q, num_heads, head_dim_v] (varlen)" : "[batch, seqlen_q, num_heads, head_dim_v]";
+  const char* lse_layout = varlen ? "[num_heads, total_q] (varlen)" : "[batch, num_heads, seqlen_q]";
+
+  if (!varlen && a.q.ndim == 3) {
+    fail("q: expected rank 4 [batch, seqlen_q, num_heads, head_dim] (rank 3 [total_q, num_heads, head_dim] needs "
+         "cu_seqlens_q and cu_seqlens_k), got rank 3");
+  }
+  check_tensor("q", a.q, rank, q_layout);
+  check_tensor("k", a.k, rank, k_layout);
+  check_tensor("v", a.v, rank, v_layout);
+  check_tensor("out", a.out, rank, o_layout);
+  if (a.lse.defined()) check_tensor("lse", a.lse, rank - 1, lse_layout);
+  if (bwd) {
+    check_tensor("dout", a.dout, rank, o_layout);
+    check_tensor("dq", a.dq, rank, q_layout);
+    check_tensor("dk", a.dk, rank, k_layout);
+    check_tensor("dv", a.dv, rank, v_layout);
+  }
+  if (varlen) {
+    check_tensor("cu_seqlens_q", a.cu_seqlens_q, 1, "[batch + 1]");
+    check_tensor("cu_seqlens_k", a.cu_seqlens_k, 1, "[batch + 1]");
+  }
+  if (a.alibi_slopes.defined()) {
+    if (a.alibi_slopes.ndim != 1 && a.alibi_slopes.ndim != 2) {
+      fail("alibi_slopes: expected rank 1 [num_heads] or rank 2 [batch, num_heads], got rank " +
+           std::to_string(a.alibi_slopes.ndim));
+    }
+    check_tensor("alibi_slopes", a.alibi_slopes, a.alibi_slopes.ndim, "[num_heads] or [batch, num_heads]");
+  }
+
+  // Dtypes.
+  const DType dt = a.q.dtype;
+  if (dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) {
+    fail(std::string("q: expected dtype fp32, fp16 or bf16, got ") + dtype_name(dt));
+  }
+  check_dtype("k", a.k, dt, "same as q");
+  check_dtype("v", a.v, dt, "same as q");
+  check_dtype("out", a.out, dt, "same as q");
+  if (a.lse.defined()) check_dtype("lse", a.lse, DType::f32, "lse is always float32");
+  if (bwd) {
+    check_dtype("dout", a.dout, dt, "same as q");
+    check_dtype("dq", a.dq, dt, "same as q");
+    check_dtype("dk", a.dk, dt, "same as q");
+    check_dtype("dv", a.dv, dt, "same as q");
+  }
+  if (varlen) {
+    check_dtype("cu_seqlens_q", a.cu_seqlens_q, DType::i32, "prefix sums of sequence lengths");
+    check_dtype("cu_seqlens_k", a.cu_seqlens_k, DType::i32, "prefix sums of sequence lengths");
+  }
+  if (a.alibi_slopes.defined()) check_dtype("alibi_slopes", a.alibi_slopes, DType::f32, "slopes are float32");
+
+  // Devices: everything on q's device.
+  for (const Named& n : all) {
+    const bool used = n.t->defined() &&
+                      (bwd || !(n.t == &a.dout || n.t == &a.dq || n.t == &a.dk || n.t == &a.dv));
+    if (used && (n.t->device != a.q.device || n.t->device_index != a.q.device_index)) {
+      fail(std::string(n.name) + ": expected device " + device_str(a.q) + " (same as q), got " + device_str(*n.t));
+    }
+  }
+
+  // Sizes. q defines batch, seqlen_q, num_heads, head_dim; k defines seqlen_k, num_heads_k; v
+  // defines head_dim_v; everything else must agree.
+  const int32_t o = varlen ? -1 : 0;  // dim index shift: varlen drops the batch dim
+  const int64_t batch = varlen ? a.cu_seqlens_q.shape[0] - 1 : a.q.shape[0];
+  if (varlen && a.cu_seqlens_q.shape[0] < 1) {
+    fail("cu_seqlens_q: expected shape [batch + 1] with at least 1 element, got " + shape_str(a.cu_seqlens_q));
+  }
+  const int64_t rows_q = a.q.shape[1 + o];   // seqlen_q, or total_q when varlen
+  const int64_t rows_k = a.k.shape[1 + o];
+  const int64_t num_heads = a.q.shape[2 + o], head_dim = a.q.shape[3 + o];
+  const int64_t num_heads_k = a.k.shape[2 + o];
+  const int64_t head_dim_v = a.v.shape[3 + o];
+  const char* rows_q_name = varlen ? "total_q" : "seqlen_q";
+  const char* rows_k_name = varlen ? "total_k" : "seqlen_k";
+
+  if (num_heads < 1) fail("q: expected shape[" + std::to_string(2 + o) + "] (num_heads) >= 1, got " + std::to_string(num_heads));
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    fail("q: expected shape[" + std::to_string(3 + o) + "] (head_dim) in 1..256, got " + std::to_string(head_dim));
+  }
+  if (!varlen) check_dim("k", a.k, 0, "batch", batch, "from q");
+  check_dim("k", a.k, 3 + o, "head_dim", head_dim, "from q");
+  if (num_heads_k < 1 || num_heads % num_heads_k != 0) {
+    fail("k: expected shape[" + std::to_string(2 + o) + "] (num_heads_k) to divide num_heads = " +
+         std::to_string(num_heads) + ", got " + std::to_string(num_heads_k));
+  }
+  if (!varlen) check_dim("v", a.v, 0, "batch", batch, "from q");
+  check_dim("v", a.v, 1 + o, rows_k_name, rows_k, "from k");
+  check_dim("v", a.v, 2 + o, "num_heads_k", num_heads_k, "from k");
+  if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+    fail("v: expected shape[" + std::to_string(3 + o) + "] (head_dim_v) in 1..256, got " + std::to_string(head_dim_v));
+  }
+  auto check_like = [&](const char* name, const TensorView& t, const TensorView& like, const char* like_name,
+                        const char* rows_name, const char* heads_name, const char* dim_name) {
+    std::string from = std::string("same as ") + like_name;
+    if (!varlen) check_dim(name, t, 0, "batch", like.shape[0], from.c_str());
+    check_dim(name, t, 1 + o, rows_name, like.shape[1 + o], from.c_str());
+    check_dim(name, t, 2 + o, heads_name, like.shape[2 + o], from.c_str());
+    check_dim(name, t, 3 + o, dim_name, like.shape[3 + o], from.c_str());
+  };
+  // out's expected shape mixes q (rows, heads) and v (head_dim_v).
+  if (!varlen) check_dim("out", a.out, 0, "batch", batch, "from q");
+  check_dim("out", a.out, 1 + o, rows_q_name, rows_q, "from q");
+  check_dim("out", a.out, 2 + o, "num_heads", num_heads, "from q");
+  check_dim("out", a.out, 3 + o, "head_dim_v", head_dim_v, "from v");
+  if (a.lse.defined()) {
+    if (varlen) {
+      check_dim("lse", a.lse, 0, "num_heads", num_heads, "from q");
+      check_dim("lse", a.lse, 1, "total_q", rows_q, "from q");
+    } else {
+      check_dim("lse", a.lse, 0, "batch", batch, "from q");
+      check_dim("lse", a.lse, 1, "num_heads", num_heads, "from q");
+      check_dim("lse", a.lse, 2, "seqlen_q", rows_q, "from q");
+    }
+  }
+  if (bwd) {
+    check_like("dout", a.dout, a.out, "out", rows_q_name, "num_heads", "head_dim_v");
+    check_like("dq", a.dq, a.q, "q", rows_q_name, "num_heads", "head_dim");
+    check_like("dk", a.dk, a.k, "k", rows_k_name, "num_heads_k", "head_dim");
+    check_like("dv", a.dv, a.v, "v", rows_k_name, "num_heads_k", "head_dim_v");
+  }
+
+  // Sequence lengths.
+  int64_t seqlen_q = rows_q, seqlen_k = rows_k;
+  if (varlen) {
+    check_dim("cu_seqlens_k", a.cu_seqlens_k, 0, "batch + 1", batch + 1, "same as cu_seqlens_q");
+    if (a.q.device == Device::cpu) {
+      seqlen_q = check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, batch, rows_q, "total_q = q.shape[0]");
+      seqlen_k = check_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, batch, rows_k, "total_k = k.shape[0]");
+      check_max_seqlen("max_seqlen_q", a.max_seqlen_q, seqlen_q);
+      check_max_seqlen("max_seqlen_k", a.max_seqlen_k, seqlen_k);
+    } else {
+      // cu_seqlens live in device memory: reading them here would need a synchronizing copy.
+      // The CUDA backend checks them on the device (its plan()/kernels), and uses the hints as
+      // the grid size; without a hint the packed total bounds every sequence's length.
+      check_max_seqlen("max_seqlen_q", a.max_seqlen_q, 0);
+      check_max_seqlen("max_seqlen_k", a.max_seqlen_k, 0);
+      seqlen_q = a.max_seqlen_q > 0 ? a.max_seqlen_q : rows_q;
+      seqlen_k = a.max_seqlen_k > 0 ? a.max_seqlen_k : rows_k;
+    }
+  } else {
+    check_max_seqlen("max_seqlen_q", a.max_seqlen_q, seqlen_q);
+    check_max_seqlen("max_seqlen_k", a.max_seqlen_k, seqlen_k);
+  }
+
+  // Scalars.
+  if (a.num_threads < 0) fail("num_threads: expected >= 0 (0 = all hardware threads), got " + std::to_string(a.num_threads));
+  if (!std::isfinite(a.softmax_scale)) {
+    fail("softmax_scale: expected a finite value (0 = 1/sqrt(head_dim)), got " + std::to_string(a.softmax_scale));
+  }
+  if (!(a.softcap >= 0.0f) || !std::isfinite(a.softcap)) {
+    fail("softcap: expected a finite value >= 0 (0 = off), got " + std::to_string(a.softcap));
+  }
+  if (a.window_size_left < -1) {
+    fail("window_size_left: expected >= -1 (-1 = unbounded), got " + std::to_string(a.window_size_left));
+  }
+  if (a.window_size_right < -1) {
+    fail("window_size_right: expected >= -1 (-1 = unbounded), got " + std::to_string(a.window_size_right));
+  }
+  if (a.causal && a.window_size_right > 0) {
+    fail("window_size_right: expected -1 or 0 with causal = true (causal means window_size_right = 0), got " +
+         std::to_string(a.window_size_right));
+  }
+  if (a.causal_align != CausalAlign::bottom_right && a.causal_align != CausalAlign::top_left) {
+    fail("causal_align: expected bottom_right or top_left, got enum value " +
+         std::to_string(static_cast<int32_t>(a.causal_align)));
+  }
+  if (a.alibi_slopes.defined()) {
+    const TensorView& s = a.alibi_slopes;
+    if (s.ndim == 1) {
+      check_dim("alibi_slopes", s, 0, "num_heads", num_heads, "from q");
+    } else {
+      check_dim("alibi_slopes", s, 0, "batch", batch, "from q");
+      check_dim("alibi_slopes", s, 1, "num_heads", num_heads, "from q");
+    }
+  }
+
+  // Fill the backend-facing struct.
+  Params p{};
+  p.dtype = dt;
+  p.device = a.q.device;
+  p.device_index = a.q.device_index;
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.num_heads = num_heads;
+  p.num_heads_k = num_heads_k;
+  p.head_dim = head_dim;
+  p.head_dim_v = head_dim_v;
+  p.is_varlen = varlen;
+  p.cu_seqlens_q = varlen ? static_cast<const int32_t*>(a.cu_seqlens_q.data) : nullptr;
+  p.cu_seqlens_k = varlen ? static_cast<const int32_t*>(a.cu_seqlens_k.data) : nullptr;
+  // Strides of a [batch, rows, heads, dim] (or varlen [rows, heads, dim]) tensor.
+  auto strides3 = [&](const TensorView& t, int64_t& bs, int64_t& rs, int64_t& hs) {
+    bs = varlen ? 0 : t.stride[0];
+    rs = t.stride[1 + o];
+    hs = t.stride[2 + o];
+  };
+  p.q = a.q.data;
+  strides3(a.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  p.k = a.k.data;
+  strides3(a.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  p.v = a.v.data;
+  strides3(a.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  p.out = a.out.data;
+  strides3(a.out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  if (a.lse.defined()) {
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
+    p.lse_head_stride = a.lse.stride[1 + o];
+    p.lse_row_stride = a.lse.stride[2 + o];
+  }
+  if (bwd) {
+    p.dout = a.dout.data;
+    strides3(a.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    p.dq = a.dq.data;
+    strides3(a.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+    p.dk = a.dk.data;
+    strides3(a.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    p.dv = a.dv.data;
+    strides3(a.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  }
+
+  p.softmax_scale = a.softmax_scale != 0.0f ? a.softmax_scale
+                                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  p.softcap = a.softcap;
+  p.window_size_left = a.window_size_left;
+  p.window_size_right = a.causal ? 0 : a.window_size_right;
+  p.align_bottom_right = a.causal_align == CausalAlign::bottom_right;
+  if (a.alibi_slopes.defined()) {
+    p.alibi_slopes = static_cast<const float*>(a.alibi_slopes.data);
+    if (a.alibi_slopes.ndim == 2) {
+      p.alibi_batch_stride = a.alibi_slopes.stride[0];
+    }
+  }
+  p.deterministic = a.deterministic;
+  p.num_threads = a.num_threads;
+  p.stream = a.stream;
+  return p;
+}
+
+}  // namespace flashattn::detail
