@@ -1,0 +1,499 @@
+// validate() through the public API: every rejected input gives plan().ok = false and a
+// flashattn::Error from forward()/backward() whose message starts "<argument>: expected" and says
+// what came; on error no output is written (poisoned outputs compared bitwise). Also the Params
+// that valid calls produce (mask resolution, default scale, varlen lengths, strides).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn_problem.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+ProblemConfig base_config(bool varlen) {
+  ProblemConfig c;
+  c.batch = 2;
+  c.seqlen_q = 5;
+  c.seqlen_k = 7;
+  c.num_heads = 4;
+  c.num_heads_k = 2;
+  c.head_dim = 8;
+  c.head_dim_v = 6;
+  if (varlen) {
+    c.lens_q = {3, 0, 4};
+    c.lens_k = {5, 2, 0};
+  }
+  return c;
+}
+
+using Mutation = void (*)(AttentionParams&);
+
+struct ErrorCase {
+  const char* name;
+  Pass pass;
+  bool varlen;
+  Mutation mutate;
+  const char* argument;  // the message must start with "<argument>: expected"
+  const char* contains;  // and contain this
+};
+
+void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
+
+int32_t* cu_q(AttentionParams& a) { return static_cast<int32_t*>(a.cu_seqlens_q.data); }
+int32_t* cu_k(AttentionParams& a) { return static_cast<int32_t*>(a.cu_seqlens_k.data); }
+
+// Each case breaks exactly one thing of an otherwise valid call. Base batched call:
+// q [2, 5, 4, 8], k [2, 7, 2, 8], v [2, 7, 2, 6], out [2, 5, 4, 6], lse [2, 4, 5], fp32.
+// Base varlen call: lens_q {3, 0, 4}, lens_k {5, 2, 0}: q [7, 4, 8], k [7, 2, 8], lse [4, 7].
+const ErrorCase kCases[] = {
+    // Required tensors.
+    {"MissingQ", Pass::forward, false, [](AttentionParams& a) { a.q = {}; }, "q", "required by the forward"},
+    {"MissingK", Pass::forward, false, [](AttentionParams& a) { a.k = {}; }, "k", "got none"},
+    {"MissingV", Pass::forward, false, [](AttentionParams& a) { a.v = {}; }, "v", "got none"},
+    {"MissingOut", Pass::forward, false, [](AttentionParams& a) { a.out = {}; }, "out", "got none"},
+    {"MissingOutBwd", Pass::backward, false, [](AttentionParams& a) { a.out = {}; }, "out", "required by the backward"},
+    {"MissingLseBwd", Pass::backward, false, [](AttentionParams& a) { a.lse = {}; }, "lse", "required by the backward"},
+    {"MissingDout", Pass::backward, false, [](AttentionParams& a) { a.dout = {}; }, "dout", "got none"},
+    {"MissingDq", Pass::backward, false, [](AttentionParams& a) { a.dq = {}; }, "dq", "got none"},
+    {"MissingDk", Pass::backward, false, [](AttentionParams& a) { a.dk = {}; }, "dk", "got none"},
+    {"MissingDv", Pass::backward, false, [](AttentionParams& a) { a.dv = {}; }, "dv", "got none"},
+    {"OnlyCuSeqlensQ", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_k = {}; }, "cu_seqlens_k",
+     "cu_seqlens_q is given"},
+    {"OnlyCuSeqlensK", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_q = {}; }, "cu_seqlens_q",
+     "cu_seqlens_k is given"},
+    // Ranks and descriptor sanity.
+    {"QRank3WithoutCuSeqlens", Pass::forward, false,
+     [](AttentionParams& a) { a.q.ndim = 3; }, "q", "needs cu_seqlens_q and cu_seqlens_k), got rank 3"},
+    {"KRank3", Pass::forward, false, [](AttentionParams& a) { a.k.ndim = 3; }, "k", "expected rank 4"},
+    {"VarlenQRank4", Pass::forward, true, [](AttentionParams& a) { a.q.ndim = 4; }, "q", "got rank 4"},
+    {"LseRank2Batched", Pass::forward, false, [](AttentionParams& a) { a.lse.ndim = 2; }, "lse", "expected rank 3"},
+    {"DqRank2", Pass::backward, false, [](AttentionParams& a) { a.dq.ndim = 2; }, "dq", "expected rank 4"},
+    {"NdimTooLarge", Pass::forward, false, [](AttentionParams& a) { a.v.ndim = 5; }, "v", "ndim in 0..4, got 5"},
+    {"NdimNegative", Pass::forward, false, [](AttentionParams& a) { a.out.ndim = -1; }, "out", "got -1"},
+    {"NdimZeroWithData", Pass::forward, false, [](AttentionParams& a) { a.lse.ndim = 0; }, "lse", "got ndim 0"},
+    {"NegativeShape", Pass::forward, false, [](AttentionParams& a) { a.k.shape[1] = -7; }, "k",
+     "shape[1] >= 0, got -7"},
+    {"NullData", Pass::forward, false, [](AttentionParams& a) { a.v.data = nullptr; }, "v", "got nullptr"},
+    {"NullDataDk", Pass::backward, false, [](AttentionParams& a) { a.dk.data = nullptr; }, "dk", "got nullptr"},
+    // Strides.
+    {"LastStrideNotOne", Pass::forward, false, [](AttentionParams& a) { a.q.stride[3] = 2; }, "q",
+     "stride[3] = 1 (last dimension contiguous), got 2"},
+    {"LseLastStrideNotOne", Pass::forward, false, [](AttentionParams& a) { a.lse.stride[2] = 4; }, "lse",
+     "stride[2] = 1"},
+    {"NegativeStride", Pass::forward, false, [](AttentionParams& a) { a.k.stride[1] = -16; }, "k",
+     "stride[1] >= 0, got -16"},
+    {"NegativeStrideDout", Pass::backward, false, [](AttentionParams& a) { a.dout.stride[0] = -1; }, "dout",
+     "stride[0] >= 0, got -1"},
+    {"OffsetOverflow", Pass::forward, false,
+     [](AttentionParams& a) { a.q.stride[0] = std::numeric_limits<int64_t>::max(); }, "q", "overflows int64"},
+    {"OffsetOverflowSum", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.k.stride[0] = std::numeric_limits<int64_t>::max() / 2 - 8;  // (2-1)·stride fits,
+       a.k.stride[1] = std::numeric_limits<int64_t>::max() / 8;       // the sum with 6·stride[1] does not
+     },
+     "k", "overflows int64"},
+    {"ByteOffsetOverflow", Pass::forward, false,
+     [](AttentionParams& a) { a.v.stride[0] = std::numeric_limits<int64_t>::max() / 2; }, "v", "overflows int64"},
+    {"NumelOverflow", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.out.shape[0] = int64_t{1} << 40;
+       a.out.shape[1] = int64_t{1} << 40;
+     },
+     "out", "overflows int64"},
+    // Dtypes.
+    {"QDtypeInt32", Pass::forward, false, [](AttentionParams& a) { a.q.dtype = DType::i32; }, "q",
+     "fp32, fp16 or bf16, got int32"},
+    {"QDtypeUnknown", Pass::forward, false, [](AttentionParams& a) { a.q.dtype = static_cast<DType>(9); }, "q",
+     "got enum value 9"},
+    {"KDtypeMismatch", Pass::forward, false, [](AttentionParams& a) { a.k.dtype = DType::f16; }, "k",
+     "dtype fp32 (same as q), got fp16"},
+    {"VDtypeMismatch", Pass::forward, false, [](AttentionParams& a) { a.v.dtype = DType::bf16; }, "v", "got bf16"},
+    {"OutDtypeMismatch", Pass::forward, false, [](AttentionParams& a) { a.out.dtype = DType::f16; }, "out",
+     "got fp16"},
+    {"LseDtype", Pass::forward, false, [](AttentionParams& a) { a.lse.dtype = DType::f16; }, "lse",
+     "expected dtype fp32 (lse is always float32), got fp16"},
+    {"DoutDtype", Pass::backward, false, [](AttentionParams& a) { a.dout.dtype = DType::bf16; }, "dout", "got bf16"},
+    {"DqDtype", Pass::backward, false, [](AttentionParams& a) { a.dq.dtype = DType::bf16; }, "dq", "got bf16"},
+    {"DkDtype", Pass::backward, false, [](AttentionParams& a) { a.dk.dtype = DType::f16; }, "dk", "got fp16"},
+    {"DvDtype", Pass::backward, false, [](AttentionParams& a) { a.dv.dtype = DType::f16; }, "dv", "got fp16"},
+    {"CuSeqlensDtype", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_q.dtype = DType::f32; },
+     "cu_seqlens_q", "dtype int32"},
+    {"AlibiDtype", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[4];
+       a.alibi_slopes = make_tensor(slopes, DType::bf16, {4});
+     },
+     "alibi_slopes", "dtype fp32"},
+    // Devices.
+    {"DeviceMismatch", Pass::forward, false, [](AttentionParams& a) { a.k.device = Device::cuda; }, "k",
+     "device cpu:0 (same as q), got cuda:0"},
+    {"DeviceIndexMismatch", Pass::forward, false, [](AttentionParams& a) { a.out.device_index = 1; }, "out",
+     "got cpu:1"},
+    {"DeviceMismatchDv", Pass::backward, false, [](AttentionParams& a) { a.dv.device = Device::cuda; }, "dv",
+     "got cuda:0"},
+    {"DeviceMismatchLse", Pass::forward, false, [](AttentionParams& a) { a.lse.device = Device::cuda; }, "lse",
+     "got cuda:0"},
+    {"DeviceMismatchCuSeqlens", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_k.device_index = 3; },
+     "cu_seqlens_k", "got cpu:3"},
+    {"DeviceUnknown", Pass::forward, false, [](AttentionParams& a) { a.v.device = static_cast<Device>(5); }, "v",
+     "cpu or cuda, got enum value 5"},
+    {"DeviceIndexNegative", Pass::forward, false, [](AttentionParams& a) { a.q.device_index = -1; }, "q",
+     "device_index >= 0, got -1"},
+    // Sizes.
+    {"HeadDimZero", Pass::forward, false,
+     [](AttentionParams& a) { a.q.shape[3] = 0; }, "q", "shape[3] (head_dim) in 1..256, got 0"},
+    {"HeadDimTooLarge", Pass::forward, false,
+     [](AttentionParams& a) {
+       for (TensorView* t : {&a.q, &a.k}) t->shape[3] = 257;
+     },
+     "q", "(head_dim) in 1..256, got 257"},
+    {"HeadDimVTooLarge", Pass::forward, false,
+     [](AttentionParams& a) {
+       for (TensorView* t : {&a.v, &a.out}) t->shape[3] = 300;
+     },
+     "v", "(head_dim_v) in 1..256, got 300"},
+    {"NumHeadsZero", Pass::forward, false, [](AttentionParams& a) { a.q.shape[2] = 0; }, "q",
+     "(num_heads) >= 1, got 0"},
+    {"NumHeadsKNotDividing", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.k.shape[2] = 3;
+       a.v.shape[2] = 3;
+     },
+     "k", "shape[2] (num_heads_k) to divide num_heads = 4, got 3"},
+    {"NumHeadsKZero", Pass::forward, false, [](AttentionParams& a) { a.k.shape[2] = 0; }, "k",
+     "to divide num_heads = 4, got 0"},
+    {"KBatch", Pass::forward, false, [](AttentionParams& a) { a.k.shape[0] = 1; }, "k",
+     "shape[0] (batch) = 2 (from q), got 1"},
+    {"KHeadDim", Pass::forward, false, [](AttentionParams& a) { a.k.shape[3] = 4; }, "k",
+     "shape[3] (head_dim) = 8 (from q), got 4"},
+    {"VBatch", Pass::forward, false, [](AttentionParams& a) { a.v.shape[0] = 1; }, "v", "(batch) = 2"},
+    {"VSeqlen", Pass::forward, false, [](AttentionParams& a) { a.v.shape[1] = 6; }, "v",
+     "shape[1] (seqlen_k) = 7 (from k), got 6"},
+    {"VHeads", Pass::forward, false, [](AttentionParams& a) { a.v.shape[2] = 1; }, "v",
+     "shape[2] (num_heads_k) = 2 (from k), got 1"},
+    {"OutSeqlen", Pass::forward, false, [](AttentionParams& a) { a.out.shape[1] = 4; }, "out",
+     "shape[1] (seqlen_q) = 5 (from q), got 4"},
+    {"OutHeads", Pass::forward, false, [](AttentionParams& a) { a.out.shape[2] = 2; }, "out",
+     "(num_heads) = 4 (from q), got 2"},
+    {"OutHeadDimV", Pass::forward, false, [](AttentionParams& a) { a.out.shape[3] = 8; }, "out",
+     "shape[3] (head_dim_v) = 6 (from v), got 8"},
+    {"LseBatch", Pass::forward, false, [](AttentionParams& a) { a.lse.shape[0] = 3; }, "lse", "(batch) = 2"},
+    {"LseHeads", Pass::forward, false, [](AttentionParams& a) { a.lse.shape[1] = 2; }, "lse", "(num_heads) = 4"},
+    {"LseSeqlen", Pass::forward, false, [](AttentionParams& a) { a.lse.shape[2] = 7; }, "lse",
+     "shape[2] (seqlen_q) = 5"},
+    {"DoutShape", Pass::backward, false, [](AttentionParams& a) { a.dout.shape[3] = 5; }, "dout",
+     "shape[3] (head_dim_v) = 6 (same as out), got 5"},
+    {"DqShape", Pass::backward, false, [](AttentionParams& a) { a.dq.shape[1] = 4; }, "dq",
+     "shape[1] (seqlen_q) = 5 (same as q), got 4"},
+    {"DkShape", Pass::backward, false, [](AttentionParams& a) { a.dk.shape[2] = 4; }, "dk",
+     "shape[2] (num_heads_k) = 2 (same as k), got 4"},
+    {"DvShape", Pass::backward, false, [](AttentionParams& a) { a.dv.shape[0] = 1; }, "dv",
+     "shape[0] (batch) = 2 (same as v), got 1"},
+    {"VarlenOutRows", Pass::forward, true, [](AttentionParams& a) { a.out.shape[0] = 6; }, "out",
+     "shape[0] (total_q) = 7 (from q), got 6"},
+    {"VarlenLseShape", Pass::forward, true, [](AttentionParams& a) { a.lse.shape[1] = 8; }, "lse",
+     "shape[1] (total_q) = 7"},
+    {"VarlenKRows", Pass::forward, true, [](AttentionParams& a) { a.v.shape[0] = 5; }, "v",
+     "shape[0] (total_k) = 7 (from k), got 5"},
+    // cu_seqlens contents (host tensors).
+    {"CuSeqlensShapeMismatch", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_k.shape[0] = 3; },
+     "cu_seqlens_k", "(batch + 1) = 4 (same as cu_seqlens_q), got 3"},
+    {"CuSeqlensEmpty", Pass::forward, true,
+     [](AttentionParams& a) {
+       a.cu_seqlens_q.shape[0] = 0;
+       a.cu_seqlens_k.shape[0] = 0;
+     },
+     "cu_seqlens_q", "at least 1 element"},
+    {"CuSeqlensRank2", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_q.ndim = 2; }, "cu_seqlens_q",
+     "expected rank 1"},
+    {"CuSeqlensStart", Pass::forward, true, [](AttentionParams& a) { cu_q(a)[0] = 1; }, "cu_seqlens_q",
+     "element 0 = 0, got 1"},
+    {"CuSeqlensDecreasing", Pass::forward, true, [](AttentionParams& a) { cu_k(a)[1] = 8; }, "cu_seqlens_k",
+     "non-decreasing values, got element 2 = 7 < element 1 = 8"},
+    {"CuSeqlensLastQ", Pass::forward, true, [](AttentionParams& a) { cu_q(a)[3] = 6; }, "cu_seqlens_q",
+     "last element = 7 (total_q = q.shape[0]), got 6"},
+    {"CuSeqlensLastK", Pass::forward, true, [](AttentionParams& a) { cu_k(a)[3] = 9; }, "cu_seqlens_k",
+     "last element = 7 (total_k = k.shape[0]), got 9"},
+    {"CuSeqlensNull", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_q.data = nullptr; },
+     "cu_seqlens_q", "got nullptr"},
+    {"MaxSeqlenQTooSmall", Pass::forward, true, [](AttentionParams& a) { a.max_seqlen_q = 3; }, "max_seqlen_q",
+     "0 or >= the longest sequence (4), got 3"},
+    {"MaxSeqlenKTooSmall", Pass::backward, true, [](AttentionParams& a) { a.max_seqlen_k = 1; }, "max_seqlen_k",
+     "longest sequence (5), got 1"},
+    {"MaxSeqlenNegative", Pass::forward, false, [](AttentionParams& a) { a.max_seqlen_q = -1; }, "max_seqlen_q",
+     ">= 0 (0 = derive), got -1"},
+    {"MaxSeqlenBatchedTooSmall", Pass::forward, false, [](AttentionParams& a) { a.max_seqlen_k = 6; },
+     "max_seqlen_k", "(7), got 6"},
+    // Scalars.
+    {"WindowLeft", Pass::forward, false, [](AttentionParams& a) { a.window_size_left = -2; }, "window_size_left",
+     ">= -1 (-1 = unbounded), got -2"},
+    {"WindowRight", Pass::backward, false, [](AttentionParams& a) { a.window_size_right = -5; },
+     "window_size_right", "got -5"},
+    {"CausalWithWindowRight", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.causal = true;
+       a.window_size_right = 3;
+     },
+     "window_size_right", "-1 or 0 with causal = true"},
+    {"CausalAlignUnknown", Pass::forward, false,
+     [](AttentionParams& a) { a.causal_align = static_cast<CausalAlign>(2); }, "causal_align", "got enum value 2"},
+    {"SoftcapNegative", Pass::forward, false, [](AttentionParams& a) { a.softcap = -1.0f; }, "softcap",
+     "finite value >= 0 (0 = off), got -1"},
+    {"SoftcapNaN", Pass::forward, false, [](AttentionParams& a) { a.softcap = std::nanf(""); }, "softcap", "got nan"},
+    {"SoftcapInf", Pass::backward, false,
+     [](AttentionParams& a) { a.softcap = std::numeric_limits<float>::infinity(); }, "softcap", "got inf"},
+    {"ScaleNaN", Pass::forward, false, [](AttentionParams& a) { a.softmax_scale = std::nanf(""); }, "softmax_scale",
+     "finite value (0 = 1/sqrt(head_dim)), got nan"},
+    {"ScaleInf", Pass::forward, false,
+     [](AttentionParams& a) { a.softmax_scale = -std::numeric_limits<float>::infinity(); }, "softmax_scale",
+     "got -inf"},
+    {"NumThreads", Pass::forward, false, [](AttentionParams& a) { a.num_threads = -1; }, "num_threads",
+     ">= 0 (0 = all hardware threads), got -1"},
+    {"AlibiShape", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[5];
+       a.alibi_slopes = make_tensor(slopes, DType::f32, {5});
+     },
+     "alibi_slopes", "shape[0] (num_heads) = 4 (from q), got 5"},
+    {"AlibiBatchShape", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[12];
+       a.alibi_slopes = make_tensor(slopes, DType::f32, {3, 4});
+     },
+     "alibi_slopes", "shape[0] (batch) = 2 (from q), got 3"},
+    {"AlibiRank3", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[8];
+       a.alibi_slopes = make_tensor(slopes, DType::f32, {1, 2, 4});
+     },
+     "alibi_slopes", "rank 1 [num_heads] or rank 2 [batch, num_heads], got rank 3"},
+    {"AlibiNull", Pass::forward, false,
+     [](AttentionParams& a) { a.alibi_slopes = make_tensor(nullptr, DType::f32, {4}); }, "alibi_slopes",
+     "got nullptr"},
+};
+
+class ValidationError : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(ValidationError, NamesArgumentAndWritesNothing) {
+  const ErrorCase& c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(base_config(c.varlen), seed);
+  AttentionParams a = pr.params();
+  c.mutate(a);
+  const std::string prefix = std::string(c.argument) + ": expected";
+
+  const Plan pl = plan(a, c.pass);
+  EXPECT_FALSE(pl.ok);
+  EXPECT_EQ(pl.reason.rfind(prefix, 0), 0u) << "reason: " << pl.reason;
+  EXPECT_NE(pl.reason.find(c.contains), std::string::npos) << "reason: " << pl.reason;
+  EXPECT_NE(pl.reason.find("got"), std::string::npos) << "reason: " << pl.reason;
+
+  // The outputs start poisoned; bitwise copies show that the failed call wrote nothing.
+  const HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv;
+  try {
+    if (c.pass == Pass::forward) forward(a); else backward(a);
+    ADD_FAILURE() << "expected flashattn::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), pl.reason) << "plan() and the call must give the same reason";
+  }
+  EXPECT_TRUE(pr.out.bitwise_equal(out0));
+  EXPECT_TRUE(pr.lse.bitwise_equal(lse0));
+  EXPECT_TRUE(pr.dq.bitwise_equal(dq0));
+  EXPECT_TRUE(pr.dk.bitwise_equal(dk0));
+  EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ValidationError, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<ErrorCase>& info) { return std::string(info.param.name); });
+
+TEST(Validation, InvalidPassEnum) {
+  Problem pr(base_config(false), 1);
+  const Plan pl = plan(pr.params(), static_cast<Pass>(7));
+  EXPECT_FALSE(pl.ok);
+  EXPECT_EQ(pl.reason.rfind("pass: expected forward or backward", 0), 0u) << pl.reason;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Valid calls.
+
+TEST(Validation, PlanNamesAKernelForValidCalls) {
+  for (bool varlen : {false, true}) {
+    Problem pr(base_config(varlen), 1);
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const Plan pl = plan(pr.params(), pass);
+      EXPECT_TRUE(pl.ok) << pl.reason;
+      EXPECT_FALSE(pl.kernel.empty());
+      EXPECT_TRUE(pl.reason.empty());
+    }
+  }
+}
+
+TEST(Validation, ForwardIgnoresBackwardTensors) {
+  Problem pr(base_config(false), 1);
+  AttentionParams a = pr.params();
+  a.dq.dtype = DType::i32;   // would be rejected by the backward
+  a.dk = {};
+  a.dout.device = Device::cuda;
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+  EXPECT_FALSE(plan(a, Pass::backward).ok);
+  const detail::Params p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.dout, nullptr);
+  EXPECT_EQ(p.dq, nullptr);
+}
+
+TEST(Validation, LseIsOptionalInTheForward) {
+  ProblemConfig c = base_config(false);
+  c.with_lse = false;
+  Problem pr(c, 1);
+  const detail::Params p = detail::validate(pr.params(), Pass::forward);
+  EXPECT_EQ(p.lse, nullptr);
+}
+
+TEST(Validation, ResolvesMaskAndScale) {
+  ProblemConfig c = base_config(false);
+  c.causal = true;
+  c.window_size_left = 3;
+  c.align = CausalAlign::top_left;
+  Problem pr(c, 1);
+  detail::Params p = detail::validate(pr.params(), Pass::forward);
+  EXPECT_EQ(p.window_size_left, 3);
+  EXPECT_EQ(p.window_size_right, 0);
+  EXPECT_FALSE(p.align_bottom_right);
+  EXPECT_FLOAT_EQ(p.softmax_scale, 1.0f / std::sqrt(8.0f));
+  EXPECT_EQ(p.softcap, 0.0f);
+
+  AttentionParams a = pr.params();
+  a.causal = false;
+  a.window_size_left = -1;
+  a.window_size_right = 5;
+  a.causal_align = CausalAlign::bottom_right;
+  a.softmax_scale = 0.25f;
+  a.softcap = 30.0f;
+  a.num_threads = 3;
+  a.deterministic = true;
+  p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.window_size_left, -1);
+  EXPECT_EQ(p.window_size_right, 5);
+  EXPECT_TRUE(p.align_bottom_right);
+  EXPECT_EQ(p.softmax_scale, 0.25f);
+  EXPECT_EQ(p.softcap, 30.0f);
+  EXPECT_EQ(p.num_threads, 3);
+  EXPECT_TRUE(p.deterministic);
+
+  a.causal = true;
+  a.window_size_right = 0;  // explicit 0 with causal is consistent
+  EXPECT_EQ(detail::validate(a, Pass::forward).window_size_right, 0);
+}
+
+TEST(Validation, BatchedSizesAndStrides) {
+  ProblemConfig c = base_config(false);
+  c.layout = Layout::head_major;
+  c.alibi = Alibi::per_batch_head;
+  Problem pr(c, 1);
+  const detail::Params p = detail::validate(pr.params(), Pass::backward);
+  EXPECT_FALSE(p.is_varlen);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.seqlen_q, 5);
+  EXPECT_EQ(p.seqlen_k, 7);
+  EXPECT_EQ(p.num_heads, 4);
+  EXPECT_EQ(p.num_heads_k, 2);
+  EXPECT_EQ(p.head_dim, 8);
+  EXPECT_EQ(p.head_dim_v, 6);
+  EXPECT_EQ(p.dtype, DType::f32);
+  EXPECT_EQ(p.q, pr.q.data());
+  EXPECT_EQ(p.q_batch_stride, pr.q.stride()[0]);
+  EXPECT_EQ(p.q_row_stride, pr.q.stride()[1]);
+  EXPECT_EQ(p.q_head_stride, pr.q.stride()[2]);
+  EXPECT_EQ(p.k_row_stride, pr.k.stride()[1]);
+  EXPECT_EQ(p.v_head_stride, pr.v.stride()[2]);
+  EXPECT_EQ(p.o_batch_stride, pr.out.stride()[0]);
+  EXPECT_EQ(p.do_row_stride, pr.dout.stride()[1]);
+  EXPECT_EQ(p.dq_head_stride, pr.dq.stride()[2]);
+  EXPECT_EQ(p.dk_batch_stride, pr.dk.stride()[0]);
+  EXPECT_EQ(p.dv_row_stride, pr.dv.stride()[1]);
+  EXPECT_EQ(p.lse_batch_stride, pr.lse.stride()[0]);
+  EXPECT_EQ(p.lse_head_stride, pr.lse.stride()[1]);
+  EXPECT_EQ(p.lse_row_stride, 1);
+  ASSERT_NE(p.alibi_slopes, nullptr);
+  EXPECT_EQ(p.alibi_batch_stride, 4);
+  EXPECT_EQ(p.q_len(1), 5);
+  EXPECT_EQ(p.k_start(1), 0);
+}
+
+TEST(Validation, VarlenSizesAndStrides) {
+  ProblemConfig c = base_config(true);
+  c.alibi = Alibi::per_head;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  detail::Params p = detail::validate(a, Pass::forward);
+  EXPECT_TRUE(p.is_varlen);
+  EXPECT_EQ(p.batch, 3);
+  EXPECT_EQ(p.seqlen_q, 4);  // longest sequences, not the totals
+  EXPECT_EQ(p.seqlen_k, 5);
+  EXPECT_EQ(p.q_batch_stride, 0);
+  EXPECT_EQ(p.q_row_stride, 32);
+  EXPECT_EQ(p.q_head_stride, 8);
+  EXPECT_EQ(p.lse_batch_stride, 0);
+  EXPECT_EQ(p.lse_head_stride, 7);
+  EXPECT_EQ(p.lse_row_stride, 1);
+  EXPECT_EQ(p.alibi_batch_stride, 0);
+  EXPECT_EQ(p.q_start(2), 3);
+  EXPECT_EQ(p.q_len(1), 0);
+  EXPECT_EQ(p.k_len(2), 0);
+  a.max_seqlen_q = 4;  // exact hints are fine, larger ones too
+  a.max_seqlen_k = 100;
+  p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.seqlen_q, 4);
+  EXPECT_EQ(p.seqlen_k, 5);
+}
+
+TEST(Validation, EmptyProblemsAreValid) {
+  // Zero-length sequences and an empty batch are legal calls with nothing to compute.
+  for (int64_t b : {0, 2}) {
+    ProblemConfig c = base_config(false);
+    c.batch = b;
+    c.seqlen_q = b ? 0 : 5;
+    Problem pr(c, 1);
+    EXPECT_TRUE(plan(pr.params(), Pass::forward).ok) << plan(pr.params(), Pass::forward).reason;
+    EXPECT_TRUE(plan(pr.params(), Pass::backward).ok);
+  }
+  ProblemConfig c = base_config(true);
+  c.lens_q = {};
+  c.lens_k = {};
+  c.lens_q.push_back(0);
+  c.lens_k.push_back(0);
+  Problem pr(c, 1);
+  EXPECT_TRUE(plan(pr.params(), Pass::forward).ok) << plan(pr.params(), Pass::forward).reason;
+}
+
+TEST(Validation, SizeOneLastDimMayHaveAnyStride) {
+  // PyTorch leaves arbitrary strides on size-1 dims; a size-1 head_dim is never stepped through.
+  ProblemConfig c = base_config(false);
+  c.head_dim = 1;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  a.q.stride[3] = 17;
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+}
+
+TEST(Validation, CudaTensorsWithoutCudaBackendSayWhy) {
+  if (cuda_available()) GTEST_SKIP() << "this build has CUDA and a device";
+  Problem pr(base_config(true), 1);
+  AttentionParams a = pr.params();
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.cu_seqlens_q, &a.cu_seqlens_k}) t->device = Device::cuda;
+  // cu_seqlens on the device are not read by validate() (the CUDA backend checks them); here the
+  // CPU-only build must refuse with a reason rather than touch them.
+  const Plan pl = plan(a, Pass::forward);
+  EXPECT_FALSE(pl.ok);
+  EXPECT_EQ(pl.reason.rfind("device: expected", 0), 0u) << pl.reason;
+  EXPECT_THROW(forward(a), Error);
+}
+
+}  // namespace
+}  // namespace flashattn::testing
