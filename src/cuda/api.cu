@@ -1,0 +1,380 @@
+// The CUDA backend's entry points over validated detail::Params: plan() says whether the kernels
+// cover a call (and which one runs) or names the argument they don't cover; forward() and
+// backward() launch on params.stream. validate() has already checked shapes, dtypes and devices
+// agree; this file adds what only the GPU path needs: device pointers on the current device,
+// 16-byte alignment and strides in whole 16-byte chunks (cp.async copies 8 elements at a time),
+// fp16/bf16 only, head_dim a multiple of 8 up to 256, and the device-side cu_seqlens.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/backends.hpp"
+#include "common/params.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/fwd_traits.hpp"
+#include "cuda/kernel_utils.cuh"
+
+#if __has_include("cuda/bwd_launch.hpp")
+#include "cuda/bwd_launch.hpp"
+#define FLASHATTN_CUDA_HAS_BWD 1
+#endif
+
+namespace flashattn::cuda {
+
+namespace {
+
+using LaunchFwd = void (*)(const FwdParams&, int, int, void*);
+
+struct FwdKernel {
+  DType dtype;
+  int head_dim;  // bucket: head_dim and head_dim_v <= this
+  LaunchFwd launch;
+};
+
+// The forward instantiations this build ships (src/cuda/CMakeLists.txt generates one translation
+// unit per row and defines the matching macro).
+constexpr FwdKernel kFwdKernels[] = {
+#ifdef FLASHATTN_CUDA_FWD_F16_HDIM64
+    {DType::f16, 64, &launch_fwd_sm80<F16, 64>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_F16_HDIM128
+    {DType::f16, 128, &launch_fwd_sm80<F16, 128>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_F16_HDIM256
+    {DType::f16, 256, &launch_fwd_sm80<F16, 256>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_BF16_HDIM64
+    {DType::bf16, 64, &launch_fwd_sm80<BF16, 64>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_BF16_HDIM128
+    {DType::bf16, 128, &launch_fwd_sm80<BF16, 128>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_BF16_HDIM256
+    {DType::bf16, 256, &launch_fwd_sm80<BF16, 256>},
+#endif
+    {DType::f32, 0, nullptr},  // sentinel: keeps the array non-empty when everything is pruned
+};
+
+// The smallest shipped bucket that holds both head dims, or nullptr.
+const FwdKernel* pick_fwd(const detail::Params& p) {
+  const int64_t need = std::max(p.head_dim, p.head_dim_v);
+  const FwdKernel* best = nullptr;
+  for (const FwdKernel& k : kFwdKernels) {
+    if (k.launch == nullptr || k.dtype != p.dtype || k.head_dim < need) continue;
+    if (best == nullptr || k.head_dim < best->head_dim) best = &k;
+  }
+  return best;
+}
+
+std::string shipped_buckets(DType dtype) {
+  std::string s;
+  for (const FwdKernel& k : kFwdKernels) {
+    if (k.launch == nullptr || k.dtype != dtype) continue;
+    s += (s.empty() ? "" : ", ") + std::to_string(k.head_dim);
+  }
+  return s.empty() ? "none" : s;
+}
+
+std::string device_str(int index) { return "cuda:" + std::to_string(index); }
+
+// Why `ptr` cannot be read by a kernel on `device`, or nullopt when it can.
+std::optional<std::string> check_pointer(const char* name, const void* ptr, int device) {
+  if (ptr == nullptr) return std::nullopt;  // validate() allows nullptr only for empty tensors
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so that later calls don't report it
+    return std::string(name) + ": expected a device pointer on " + device_str(device) +
+           ", got a pointer CUDA does not know (" + cudaGetErrorString(err) + ")";
+  }
+  if (attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost) {
+    return std::string(name) + ": expected a device pointer (cudaMalloc or managed memory) on " +
+           device_str(device) + ", got a host pointer" +
+           (attr.type == cudaMemoryTypeHost ? " (pinned host memory)" : "");
+  }
+  if (attr.type == cudaMemoryTypeDevice && attr.device != device) {
+    return std::string(name) + ": expected a tensor on the current device " + device_str(device) + ", got memory on " +
+           device_str(attr.device) + " (call cudaSetDevice first)";
+  }
+  return std::nullopt;
+}
+
+struct StridedTensor {
+  const char* name;
+  const void* ptr;
+  int64_t batch_stride, row_stride, head_stride;
+  int64_t heads;
+};
+
+// cp.async and the output stores move 16 bytes (8 elements) at a time.
+std::optional<std::string> check_layout(const StridedTensor& t, const detail::Params& p) {
+  if (t.ptr == nullptr) return std::nullopt;
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.ptr);
+  if (addr % 16 != 0) {
+    return std::string(t.name) + ": expected a data pointer aligned to 16 bytes on cuda, got address " +
+           std::to_string(addr) + " (" + std::to_string(addr % 16) + " bytes past a 16-byte boundary)";
+  }
+  auto bad = [&](const char* which, int64_t stride) -> std::optional<std::string> {
+    if (stride % 8 == 0) return std::nullopt;
+    return std::string(t.name) + ": expected the " + which + " stride to be a multiple of 8 elements (16 bytes) on cuda, got " +
+           std::to_string(stride);
+  };
+  // Strides of size-1 dims are never stepped through (PyTorch leaves arbitrary ones there).
+  if (!p.is_varlen && p.batch > 1)
+    if (auto r = bad("batch", t.batch_stride)) return r;
+  if (p.is_varlen || p.seqlen_q > 1 || p.seqlen_k > 1)
+    if (auto r = bad("row", t.row_stride)) return r;
+  if (t.heads > 1)
+    if (auto r = bad("head", t.head_stride)) return r;
+  return std::nullopt;
+}
+
+// Host copy of a device cu_seqlens array, checked: element 0 is 0, values non-decreasing, every
+// length <= bound (validate() sets seqlen to the max_seqlen hint, else the packed total, which
+// bounds every length). Returns the longest length or a reason.
+struct SeqlenCheck {
+  int64_t max_len = 0;
+  std::string error;
+};
+
+SeqlenCheck check_device_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t bound,
+                                    cudaStream_t stream) {
+  SeqlenCheck r;
+  std::vector<int32_t> host(static_cast<size_t>(batch + 1));
+  FA_CUDA_CHECK(cudaMemcpyAsync(host.data(), cu, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (host[0] != 0) {
+    r.error = std::string(name) + ": expected element 0 = 0, got " + std::to_string(host[0]);
+    return r;
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t(host[b + 1]) - host[b];
+    if (len < 0) {
+      r.error = std::string(name) + ": expected non-decreasing values, got element " + std::to_string(b + 1) + " = " +
+                std::to_string(host[b + 1]) + " < element " + std::to_string(b) + " = " + std::to_string(host[b]);
+      return r;
+    }
+    if (len > bound) {
+      r.error = std::string(name) + ": expected every sequence length <= " + std::to_string(bound) +
+                " (max_seqlen hint or total rows), got " + std::to_string(len) + " for sequence " + std::to_string(b);
+      return r;
+    }
+    r.max_len = std::max(r.max_len, len);
+  }
+  return r;
+}
+
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Actual longest q and k sequences of a varlen call, read from the device when allowed, or the
+// validate() bounds. Under stream capture a synchronizing copy is illegal (it would invalidate
+// the capture), so the device-side values are not checked there: the grid is then sized by the
+// bound, which is safe (blocks past a sequence's end exit), and the caller is responsible for
+// valid cu_seqlens, as with any captured kernel's inputs.
+struct Lengths {
+  int64_t max_q, max_k;
+  std::string error;
+};
+
+Lengths varlen_lengths(const detail::Params& p) {
+  Lengths l{p.seqlen_q, p.seqlen_k, ""};
+  if (!p.is_varlen) return l;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (stream_capturing(stream)) return l;
+  SeqlenCheck q = check_device_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, stream);
+  if (!q.error.empty()) return {0, 0, q.error};
+  SeqlenCheck k = check_device_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.seqlen_k, stream);
+  if (!k.error.empty()) return {0, 0, k.error};
+  return {q.max_len, k.max_len, ""};
+}
+
+std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
+  if (!available()) {
+    return std::string("device: expected a CUDA device, got none (") +
+           "cudaGetDeviceCount found no usable GPU)";
+  }
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
+    return std::string("q: expected fp16 or bf16 on cuda, got ") + dtype_name(p.dtype) + " (convert first)";
+  }
+  if (p.head_dim % 8 != 0 || p.head_dim > 256) {
+    return "head_dim: expected a multiple of 8 up to 256 on cuda, got " + std::to_string(p.head_dim);
+  }
+  if (p.head_dim_v % 8 != 0 || p.head_dim_v > 256) {
+    return "head_dim_v: expected a multiple of 8 up to 256 on cuda, got " + std::to_string(p.head_dim_v);
+  }
+  if (p.num_heads > 65535) return "q: expected num_heads <= 65535 on cuda (grid y), got " + std::to_string(p.num_heads);
+  if (p.batch > 65535) return "q: expected batch <= 65535 on cuda (grid z), got " + std::to_string(p.batch);
+  if (p.seqlen_q >= (int64_t{1} << 31) || p.seqlen_k >= (int64_t{1} << 31)) {
+    return "q: expected seqlen_q and seqlen_k < 2^31 on cuda, got " + std::to_string(p.seqlen_q) + " and " +
+           std::to_string(p.seqlen_k);
+  }
+
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  if (p.device_index != device) {
+    return "q: expected tensors on the current CUDA device " + device_str(device) + ", got " +
+           device_str(p.device_index) + " (call cudaSetDevice first)";
+  }
+  const bool bwd = pass == Pass::backward;
+  struct Named {
+    const char* name;
+    const void* ptr;
+  };
+  const Named pointers[] = {{"q", p.q},
+                            {"k", p.k},
+                            {"v", p.v},
+                            {"out", p.out},
+                            {"lse", p.lse},
+                            {"cu_seqlens_q", p.cu_seqlens_q},
+                            {"cu_seqlens_k", p.cu_seqlens_k},
+                            {"alibi_slopes", p.alibi_slopes},
+                            {"dout", bwd ? p.dout : nullptr},
+                            {"dq", bwd ? p.dq : nullptr},
+                            {"dk", bwd ? p.dk : nullptr},
+                            {"dv", bwd ? p.dv : nullptr}};
+  for (const Named& n : pointers)
+    if (auto r = check_pointer(n.name, n.ptr, device)) return r;
+
+  std::vector<StridedTensor> tensors = {
+      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads},
+      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k},
+      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k},
+      {"out", p.out, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.num_heads}};
+  if (bwd) {
+    tensors.push_back({"dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.num_heads});
+    tensors.push_back({"dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.num_heads});
+    tensors.push_back({"dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.num_heads_k});
+    tensors.push_back({"dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, p.num_heads_k});
+  }
+  for (const StridedTensor& t : tensors)
+    if (auto r = check_layout(t, p)) return r;
+  if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % 4 != 0) {
+    return std::string("lse: expected a float32 pointer aligned to 4 bytes, got address ") +
+           std::to_string(reinterpret_cast<std::uintptr_t>(p.lse));
+  }
+  return std::nullopt;
+}
+
+FwdParams make_fwd_params(const detail::Params& p, int64_t max_q, int64_t max_k) {
+  FwdParams f{};
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = p.out;
+  f.lse = p.lse;
+  f.q_batch_stride = p.q_batch_stride;
+  f.q_row_stride = p.q_row_stride;
+  f.q_head_stride = p.q_head_stride;
+  f.k_batch_stride = p.k_batch_stride;
+  f.k_row_stride = p.k_row_stride;
+  f.k_head_stride = p.k_head_stride;
+  f.v_batch_stride = p.v_batch_stride;
+  f.v_row_stride = p.v_row_stride;
+  f.v_head_stride = p.v_head_stride;
+  f.o_batch_stride = p.o_batch_stride;
+  f.o_row_stride = p.o_row_stride;
+  f.o_head_stride = p.o_head_stride;
+  f.lse_batch_stride = p.lse_batch_stride;
+  f.lse_head_stride = p.lse_head_stride;
+  f.lse_row_stride = p.lse_row_stride;
+  f.cu_seqlens_q = p.is_varlen ? p.cu_seqlens_q : nullptr;
+  f.cu_seqlens_k = p.is_varlen ? p.cu_seqlens_k : nullptr;
+  f.seqlen_q = static_cast<int>(max_q);
+  f.seqlen_k = static_cast<int>(max_k);
+  f.num_heads = static_cast<int>(p.num_heads);
+  f.head_ratio = static_cast<int>(p.num_heads / p.num_heads_k);
+  f.head_dim = static_cast<int>(p.head_dim);
+  f.head_dim_v = static_cast<int>(p.head_dim_v);
+  f.softmax_scale = p.softmax_scale;
+  f.softcap = p.softcap;
+  f.window_size_left = p.window_size_left;
+  f.window_size_right = p.window_size_right;
+  f.align_bottom_right = p.align_bottom_right;
+  f.alibi_slopes = p.alibi_slopes;
+  f.alibi_batch_stride = p.alibi_batch_stride;
+  return f;
+}
+
+}  // namespace
+
+bool available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+Plan plan(const detail::Params& p, Pass pass) {
+  Plan result;
+  try {
+    if (auto reason = check_common(p, pass)) {
+      result.reason = *reason;
+      return result;
+    }
+    if (pass == Pass::forward) {
+      const FwdKernel* k = pick_fwd(p);
+      if (k == nullptr) {
+        result.reason = "head_dim: expected max(head_dim, head_dim_v) within a head_dim bucket this build ships for " +
+                        std::string(dtype_name(p.dtype)) + " (" + shipped_buckets(p.dtype) + "), got " +
+                        std::to_string(std::max(p.head_dim, p.head_dim_v)) +
+                        " (configure FLASHATTN_CUDA_FWD_HEAD_DIMS)";
+        return result;
+      }
+      result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
+    } else {
+#ifdef FLASHATTN_CUDA_HAS_BWD
+      result.kernel = "cuda_bwd_sm80_mma";
+#else
+      result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
+      return result;
+#endif
+    }
+    const Lengths l = varlen_lengths(p);
+    if (!l.error.empty()) {
+      result.reason = l.error;
+      result.kernel.clear();
+      return result;
+    }
+    result.ok = true;
+  } catch (const Error& e) {
+    result.ok = false;
+    result.kernel.clear();
+    result.reason = e.what();
+  }
+  return result;
+}
+
+void forward(const detail::Params& p) {
+  if (auto reason = check_common(p, Pass::forward)) throw Error(*reason);
+  const FwdKernel* k = pick_fwd(p);
+  if (k == nullptr) throw Error(plan(p, Pass::forward).reason);
+  const Lengths l = varlen_lengths(p);
+  if (!l.error.empty()) throw Error(l.error);
+  if (p.batch == 0 || l.max_q == 0 || p.num_heads == 0) return;
+  const FwdParams f = make_fwd_params(p, l.max_q, l.max_k);
+  k->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream);
+}
+
+void backward(const detail::Params& p) {
+#ifdef FLASHATTN_CUDA_HAS_BWD
+  if (auto reason = check_common(p, Pass::backward)) throw Error(*reason);
+  const Lengths l = varlen_lengths(p);
+  if (!l.error.empty()) throw Error(l.error);
+  run_bwd_sm80(p, static_cast<cudaStream_t>(p.stream));
+#else
+  (void)p;
+  throw Error("backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)");
+#endif
+}
+
+}  // namespace flashattn::cuda
