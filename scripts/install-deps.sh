@@ -33,6 +33,7 @@ PIP_PACKAGES=(
   numpy
   safetensors
   pytest
+  scikit-build-core
 )
 
 # Optional (FLASHATTN_DEPS_TORCH=0 leaves them out).
