@@ -1,0 +1,171 @@
+"""The public functions, with the flash-attn package's names, arguments and layouts.
+
+Each computes exact attention the FlashAttention way (Dao et al. 2022; FlashAttention-2, Dao 2023,
+Alg. 1 forward and Alg. 2 backward):
+
+    S   = softmax_scale * q k^T                      per (batch, head)
+    S   = softcap * tanh(S / softcap)                if softcap > 0
+    S   = S - slope_h * |i + offset - j|             if alibi_slopes (Press et al. 2022)
+    S   = -inf where the causal / sliding-window mask hides key j from query i
+    lse = log sum_j exp(S_ij)                        natural log, float32
+    out = softmax(S) v
+
+Masks: query i sees key j when i + offset - window_size[0] <= j <= i + offset + window_size[1]
+(a negative bound is unbounded; causal=True means window_size[1] = 0), with offset = seqlen_k -
+seqlen_q for causal_align="bottom_right" (flash-attn >= 2.1, the default) and offset = 0 for
+"top_left" (PyTorch's is_causal). A query row that sees no key gets out = 0 and lse = -inf.
+
+Differences from flash-attn, all loud: dropout_p > 0 and return_attn_probs=True raise ValueError
+(not implemented); float32 inputs are accepted besides float16/bfloat16; the lse is returned with
+return_lse=True and carries no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _ops
+from ._capi import FlashAttnError
+
+_ALIGNS = ("bottom_right", "top_left")
+
+
+def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
+                  return_attn_probs: bool, causal_align: str) -> Tuple[float, int, int]:
+    """Validates the Python-level arguments; returns (softmax_scale for the library, left, right)."""
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: expected 0.0 (attention dropout is not implemented by flashattn), got {dropout_p}")
+    if return_attn_probs:
+        raise ValueError("return_attn_probs: expected False (flashattn never materializes the attention "
+                         "probabilities; use return_lse=True for the log-sum-exp), got True")
+    if causal_align not in _ALIGNS:
+        raise ValueError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
+    if len(window_size) != 2:
+        raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}")
+    left, right = int(window_size[0]), int(window_size[1])
+    if softmax_scale is None:
+        scale = 0.0  # the library's "1/sqrt(head_dim)"
+    else:
+        scale = float(softmax_scale)
+        if scale == 0.0:
+            raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a non-zero value, got 0.0")
+    if softcap < 0.0:
+        raise ValueError(f"softcap: expected >= 0 (0 = off), got {softcap}")
+    return scale, left, right
+
+
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, *, return_lse: bool = False,
+                    causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Exact attention over a padded batch (flash-attn's flash_attn_func).
+
+    Args:
+        q: [batch, seqlen_q, num_heads, head_dim], float16, bfloat16 or float32, CPU or CUDA.
+        k: [batch, seqlen_k, num_heads_k, head_dim], same dtype and device as q. num_heads must be a
+            multiple of num_heads_k (GQA/MQA: query head h reads KV head h // (num_heads // num_heads_k)).
+        v: [batch, seqlen_k, num_heads_k, head_dim_v]. head_dim and head_dim_v in 1..256.
+        dropout_p: must be 0.0 (dropout is not implemented).
+        softmax_scale: scale of q k^T; None means 1 / sqrt(head_dim).
+        causal: hide keys after the query's diagonal (see causal_align).
+        window_size: (left, right) sliding window in keys around the diagonal; -1 is unbounded.
+        softcap: > 0 applies softcap * tanh(S / softcap) to the scores (Gemma-2); 0 is off.
+        alibi_slopes: float32 [num_heads] or [batch, num_heads]; adds -slope * |i + offset - j|.
+        deterministic: make the backward bitwise-repeatable (no atomics on the GPU).
+        return_attn_probs: must be False (the probabilities are never materialized).
+        return_lse: also return the log-sum-exp (keyword-only extension).
+        causal_align: "bottom_right" (flash-attn >= 2.1; the last query sees the last key) or
+            "top_left" (PyTorch's is_causal; query i sees keys <= i). Keyword-only extension.
+
+    Returns:
+        out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype; with return_lse=True the pair
+        (out, lse) where lse is float32 [batch, num_heads, seqlen_q] (natural log; -inf for rows
+        that see no key) and carries no gradient. Differentiable in q, k and v.
+
+    Raises:
+        ValueError: for dropout_p != 0, return_attn_probs=True, a bad causal_align or window_size.
+        FlashAttnError (a ValueError): when the library rejects the call; the message names the
+            argument, what was expected and what came (e.g. a dtype, shape or device mismatch).
+    """
+    scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
+                                       causal_align)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, None, None, 0, 0, scale, bool(causal), causal_align, left, right,
+                                       float(softcap), alibi_slopes, bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, *, return_lse: bool = False,
+                           causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Exact attention over a packed batch of variable-length sequences (flash-attn's flash_attn_varlen_func).
+
+    Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1]
+    of k and v; sequences never see each other, and masks/ALiBi use each sequence's own lengths.
+
+    Args:
+        q: [total_q, num_heads, head_dim], float16, bfloat16 or float32, CPU or CUDA.
+        k: [total_k, num_heads_k, head_dim]; v: [total_k, num_heads_k, head_dim_v].
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] on q's device, prefix sums of the lengths
+            (starting at 0, ending at total_q / total_k). Sequences may be empty.
+        max_seqlen_q, max_seqlen_k: the longest sequence of each (0 lets the library derive it on CPU;
+            on CUDA it sizes the grid, so pass it for speed).
+        Other arguments as in flash_attn_func.
+
+    Returns:
+        out [total_q, num_heads, head_dim_v]; with return_lse=True also lse float32 [num_heads, total_q].
+
+    Raises:
+        ValueError / FlashAttnError as in flash_attn_func; FlashAttnError also for cu_seqlens that are
+        not int32, not non-decreasing from 0, or do not end at total_q / total_k (checked on CPU).
+    """
+    scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
+                                       causal_align)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q, cu_seqlens_k: expected int32 tensors [batch + 1], got None")
+    out, lse = torch.ops.flashattn.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                       scale, bool(causal), causal_align, left, right, float(softcap), alibi_slopes,
+                                       bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False, *, return_lse: bool = False,
+                              causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """flash_attn_func on qkv [batch, seqlen, 3, num_heads, head_dim] (q, k, v stacked on dim 2)."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv: expected shape [batch, seqlen, 3, num_heads, head_dim], got {tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(dim=2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align)
+
+
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                             return_attn_probs: bool = False, *, return_lse: bool = False,
+                             causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """flash_attn_func on q and kv [batch, seqlen_k, 2, num_heads_k, head_dim] (k, v stacked on dim 2)."""
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv: expected shape [batch, seqlen_k, 2, num_heads_k, head_dim], got {tuple(kv.shape)}")
+    k, v = kv.unbind(dim=2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align)
+
+
+__all__ = [
+    "FlashAttnError",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+]

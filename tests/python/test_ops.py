@@ -1,0 +1,111 @@
+"""torch.library integration: opcheck on flashattn::fwd / bwd, and torch.compile(fullgraph=True)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn  # noqa: E402
+from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+CUDA_OK = torch.cuda.is_available() and flashattn.cuda_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not CUDA_OK, reason="no CUDA device, or flashattn built without its CUDA backend"))]
+
+
+def fwd_args(device, dtype=torch.float32, varlen=False, alibi=False, causal=True, align="bottom_right",
+             softcap=0.0, requires_grad=True):
+    h, hk, d = 4, 2, 32
+    if varlen:
+        cu_q = torch.tensor([0, 5, 5, 22], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, 9, 12, 30], dtype=torch.int32, device=device)
+        q, k, v = torch.randn(22, h, d), torch.randn(30, hk, d), torch.randn(30, hk, d)
+        lens = (17, 18)
+    else:
+        cu_q = cu_k = None
+        q, k, v = torch.randn(2, 13, h, d), torch.randn(2, 21, hk, d), torch.randn(2, 21, hk, d)
+        lens = (0, 0)
+    q, k, v = (t.to(dtype=dtype, device=device).requires_grad_(requires_grad) for t in (q, k, v))
+    slopes = (torch.rand(h) * 0.3 + 0.1).to(device) if alibi else None
+    return (q, k, v, cu_q, cu_k, lens[0], lens[1], 0.0, causal, align, -1, -1, softcap, slopes, False)
+
+
+OPCHECK_CASES = {
+    "batched_causal": dict(),
+    "batched_top_left_softcap": dict(align="top_left", softcap=4.0),
+    "batched_alibi_bf16": dict(alibi=True, dtype=torch.bfloat16),
+    "varlen": dict(varlen=True),
+    "varlen_full": dict(varlen=True, causal=False),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(OPCHECK_CASES))
+def test_opcheck_fwd(device, case):
+    args = fwd_args(device, **OPCHECK_CASES[case])
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(OPCHECK_CASES))
+def test_opcheck_bwd(device, case):
+    args = fwd_args(device, requires_grad=False, **OPCHECK_CASES[case])
+    q, k, v, cu_q, cu_k, mq, mk, scale, causal, align, wl, wr, softcap, slopes, det = args
+    out, lse = torch.ops.flashattn.fwd(*args)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default,
+                          (dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal, align, wl, wr, softcap,
+                           slopes, det))
+
+
+def attention_block(x, w_qkv, w_o, num_heads):
+    b, s, dim = x.shape
+    q, k, v = (x @ w_qkv).view(b, s, 3, num_heads, dim // num_heads).unbind(2)
+    y = flash_attn_func(q, k, v, causal=True)
+    return (y.reshape(b, s, dim) @ w_o).square().mean()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_forward_backward(device, backend):
+    if backend == "inductor" and device == "cpu":
+        pytest.importorskip("torch._inductor")
+    torch._dynamo.reset()
+    dim, heads = 64, 4
+    x = torch.randn(2, 24, dim, device=device)
+    w_qkv = (torch.randn(dim, 3 * dim, device=device) / dim ** 0.5).requires_grad_()
+    w_o = (torch.randn(dim, dim, device=device) / dim ** 0.5).requires_grad_()
+
+    loss_eager = attention_block(x, w_qkv, w_o, heads)
+    g_eager = torch.autograd.grad(loss_eager, (w_qkv, w_o))
+
+    compiled = torch.compile(attention_block, fullgraph=True, backend=backend)
+    loss_c = compiled(x, w_qkv, w_o, heads)
+    g_c = torch.autograd.grad(loss_c, (w_qkv, w_o))
+    torch.testing.assert_close(loss_c, loss_eager, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g_c, g_eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_varlen_and_lse_no_graph_break(device):
+    torch._dynamo.reset()
+
+    def f(q, k, v, cu_q, cu_k):
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 18, causal=True, window_size=(6, -1),
+                                          causal_align="top_left", return_lse=True)
+        return out.sum() + lse.clamp_min(-1e4).sum()
+
+    q, k, v, cu_q, cu_k = fwd_args(device, varlen=True)[:5]
+    explain = torch._dynamo.explain(f)(q, k, v, cu_q, cu_k)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, cu_q, cu_k), f(q, k, v, cu_q, cu_k))
+
+
+def test_compile_dynamic_shapes():
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True,
+                             backend="aot_eager", dynamic=True)
+    for s in (9, 17, 33):
+        q, k, v = (torch.randn(1, s, 2, 16) for _ in range(3))
+        torch.testing.assert_close(compiled(q, k, v), flash_attn_func(q, k, v, causal=True))
