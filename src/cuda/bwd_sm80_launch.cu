@@ -1,0 +1,235 @@
+// Host side of the sm80 backward (FlashAttention-2, Dao 2023, Alg. 2): the preprocess
+// (D = rowsum(dout ∘ out), lse in base 2), the dK/dV kernel, and either the dq postprocess (fp32
+// atomic accumulator -> scaled dq, the fast default) or the deterministic dQ kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/bwd_launch.hpp"
+#include "cuda/bwd_traits.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernel_utils.cuh"
+
+namespace flashattn::cuda {
+
+namespace {
+
+constexpr int kRowWarps = 8;  // warps per block of the row-wise pre/postprocess; one warp per (row, head)
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+struct RowOfWarp {
+  bool active;  // inside [0, seqlen_q) x [0, num_heads) of the grid
+  bool valid;   // and inside its sequence
+  int i, h;
+  int64_t q_row;  // row of q/out/dout/dq in the tensors (sequence start + i)
+  int64_t stat;   // index into dsum / lse_log2
+};
+
+__device__ __forceinline__ RowOfWarp row_of_warp(const BwdParams& p) {
+  RowOfWarp r{};
+  const int b = blockIdx.y;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  r.active = w < static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  if (!r.active) return r;
+  r.i = static_cast<int>(w / p.num_heads);
+  r.h = static_cast<int>(w % p.num_heads);
+  int64_t start = 0;
+  int len = p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    start = p.cu_seqlens_q[b];
+    len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+  }
+  r.valid = r.i < len;
+  r.q_row = start + r.i;
+  r.stat = (static_cast<int64_t>(b) * p.num_heads + r.h) * p.seqlen_q + r.i;
+  return r;
+}
+
+// D_i = Σ_d dout_id · out_id (FA-2 Alg. 2 line 4) in fp32, and lse·log2(e) with −inf (a row that
+// sees no key) turned into +inf so that the main kernels get P = exp2(s − (+inf)) = 0, never NaN.
+template <typename Elem>
+__global__ void __launch_bounds__(32 * kRowWarps) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
+  using Storage = typename Elem::Storage;
+  const RowOfWarp r = row_of_warp(p);
+  if (!r.active) return;
+  const int lane = threadIdx.x % 32, b = blockIdx.y;
+  if (!r.valid) {
+    if (lane == 0) {
+      p.dsum[r.stat] = 0.f;
+      p.lse_log2[r.stat] = INFINITY;
+    }
+    return;
+  }
+  const Storage* o = static_cast<const Storage*>(p.out) + b * p.o_batch_stride + r.q_row * p.o_row_stride +
+                     r.h * p.o_head_stride;
+  const Storage* d = static_cast<const Storage*>(p.dout) + b * p.do_batch_stride +
+                     r.q_row * p.do_row_stride + r.h * p.do_head_stride;
+  float acc = 0.f;
+  for (int c = lane * 8; c < p.head_dim_v; c += 256) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+    const Storage* oe = reinterpret_cast<const Storage*>(&ov);
+    const Storage* de = reinterpret_cast<const Storage*>(&dv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += to_float(oe[e]) * to_float(de[e]);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    p.dsum[r.stat] = acc;
+    const float lse = p.lse[b * p.lse_batch_stride + r.h * p.lse_head_stride + r.q_row * p.lse_row_stride];
+    p.lse_log2[r.stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
+}
+
+// dq = softmax_scale · dq_accum, converted to the element type (FA-2 Alg. 2's final dQ write).
+template <typename Elem>
+__global__ void __launch_bounds__(32 * kRowWarps) bwd_postprocess_kernel(const __grid_constant__ BwdParams p) {
+  using Storage = typename Elem::Storage;
+  const RowOfWarp r = row_of_warp(p);
+  if (!r.active || !r.valid) return;
+  const int lane = threadIdx.x % 32, b = blockIdx.y;
+  const float* src = p.dq_accum + r.stat * p.head_dim;
+  Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + r.q_row * p.dq_row_stride +
+                 r.h * p.dq_head_stride;
+  const float s = p.softmax_scale;
+  for (int c = lane * 8; c < p.head_dim; c += 256) {
+    const float4 x0 = *reinterpret_cast<const float4*>(src + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(src + c + 4);
+    uint4 out;
+    out.x = pack2<Elem>(x0.x * s, x0.y * s);
+    out.y = pack2<Elem>(x0.z * s, x0.w * s);
+    out.z = pack2<Elem>(x1.x * s, x1.y * s);
+    out.w = pack2<Elem>(x1.z * s, x1.w * s);
+    *reinterpret_cast<uint4*>(dst + c) = out;
+  }
+}
+
+// Frees the workspace on the stream on every exit path (errors included).
+struct StreamBuffer {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  ~StreamBuffer() {
+    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+  }
+};
+
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  if (dtype == DType::f16) {
+    f(F16{});
+  } else if (dtype == DType::bf16) {
+    f(BF16{});
+  } else {
+    throw Error(std::string("q: expected dtype f16 or bf16 for the CUDA backward, got ") + dtype_name(dtype));
+  }
+}
+
+template <typename F>
+void dispatch_head_dim(int bucket, F&& f) {
+  switch (bucket) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 256>{}); break;
+  }
+}
+
+BwdParams make_bwd_params(const detail::Params& p) {
+  BwdParams bp{};
+  bp.q = p.q;
+  bp.k = p.k;
+  bp.v = p.v;
+  bp.out = p.out;
+  bp.dout = p.dout;
+  bp.dq = p.dq;
+  bp.dk = p.dk;
+  bp.dv = p.dv;
+  bp.lse = p.lse;
+  bp.q_batch_stride = p.q_batch_stride, bp.q_row_stride = p.q_row_stride, bp.q_head_stride = p.q_head_stride;
+  bp.k_batch_stride = p.k_batch_stride, bp.k_row_stride = p.k_row_stride, bp.k_head_stride = p.k_head_stride;
+  bp.v_batch_stride = p.v_batch_stride, bp.v_row_stride = p.v_row_stride, bp.v_head_stride = p.v_head_stride;
+  bp.o_batch_stride = p.o_batch_stride, bp.o_row_stride = p.o_row_stride, bp.o_head_stride = p.o_head_stride;
+  bp.do_batch_stride = p.do_batch_stride, bp.do_row_stride = p.do_row_stride,
+  bp.do_head_stride = p.do_head_stride;
+  bp.dq_batch_stride = p.dq_batch_stride, bp.dq_row_stride = p.dq_row_stride,
+  bp.dq_head_stride = p.dq_head_stride;
+  bp.dk_batch_stride = p.dk_batch_stride, bp.dk_row_stride = p.dk_row_stride,
+  bp.dk_head_stride = p.dk_head_stride;
+  bp.dv_batch_stride = p.dv_batch_stride, bp.dv_row_stride = p.dv_row_stride,
+  bp.dv_head_stride = p.dv_head_stride;
+  bp.lse_batch_stride = p.lse_batch_stride, bp.lse_head_stride = p.lse_head_stride,
+  bp.lse_row_stride = p.lse_row_stride;
+  bp.cu_seqlens_q = p.is_varlen ? p.cu_seqlens_q : nullptr;
+  bp.cu_seqlens_k = p.is_varlen ? p.cu_seqlens_k : nullptr;
+  bp.batch = static_cast<int>(p.batch);
+  bp.seqlen_q = static_cast<int>(p.seqlen_q);
+  bp.seqlen_k = static_cast<int>(p.seqlen_k);
+  bp.num_heads = static_cast<int>(p.num_heads);
+  bp.num_heads_k = static_cast<int>(p.num_heads_k);
+  bp.head_ratio = static_cast<int>(p.num_heads / p.num_heads_k);
+  bp.head_dim = static_cast<int>(p.head_dim);
+  bp.head_dim_v = static_cast<int>(p.head_dim_v);
+  bp.softmax_scale = p.softmax_scale;
+  bp.softcap = p.softcap;
+  // A window wider than both sequences is unbounded in effect; clamping keeps the kernels in int.
+  const int64_t widest = p.seqlen_q + p.seqlen_k;
+  bp.window_size_left = p.window_size_left < 0 ? -1 : static_cast<int>(std::min(p.window_size_left, widest));
+  bp.window_size_right = p.window_size_right < 0 ? -1 : static_cast<int>(std::min(p.window_size_right, widest));
+  bp.align_bottom_right = p.align_bottom_right;
+  bp.alibi_slopes = p.alibi_slopes;
+  bp.alibi_batch_stride = p.alibi_batch_stride;
+  return bp;
+}
+
+}  // namespace
+
+int bwd_sm80_head_dim_bucket(const detail::Params& p) {
+  const int64_t d = std::max(p.head_dim, p.head_dim_v);
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
+  BwdParams bp = make_bwd_params(p);
+  if (bp.batch == 0) return;
+
+  // Workspace: dsum and lse_log2 [batch, num_heads, seqlen_q], then the dq accumulator.
+  const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.seqlen_q;
+  const int64_t accum_count = p.deterministic ? 0 : stat_count * bp.head_dim;
+  const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);
+  StreamBuffer ws;
+  ws.stream = stream;
+  if (bytes > 0) FA_CUDA_CHECK(cudaMallocAsync(&ws.ptr, bytes, stream));
+  float* base = static_cast<float*>(ws.ptr);
+  bp.dsum = base;
+  bp.lse_log2 = base + stat_count;
+  bp.dq_accum = p.deterministic ? nullptr : base + 2 * stat_count;
+  if (bp.dq_accum != nullptr && accum_count > 0)
+    FA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, static_cast<size_t>(accum_count) * sizeof(float), stream));
+
+  const int64_t row_warps = static_cast<int64_t>(bp.seqlen_q) * bp.num_heads;
+  const dim3 row_grid(static_cast<unsigned>((row_warps + kRowWarps - 1) / kRowWarps), bp.batch);
+  const int bucket = bwd_sm80_head_dim_bucket(p);
+  dispatch_dtype(p.dtype, [&](auto elem) {
+    using Elem = decltype(elem);
+    if (row_grid.x > 0) {
+      bwd_preprocess_kernel<Elem><<<row_grid, 32 * kRowWarps, 0, stream>>>(bp);
+      FA_CUDA_CHECK(cudaGetLastError());
+    }
+    dispatch_head_dim(bucket, [&](auto hdim) {
+      constexpr int kHeadDim = decltype(hdim)::value;
+      if (bp.seqlen_k > 0) launch_bwd_sm80<Elem, kHeadDim, false>(bp, stream);
+      if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
+    });
+    if (!p.deterministic && row_grid.x > 0) {
+      bwd_postprocess_kernel<Elem><<<row_grid, 32 * kRowWarps, 0, stream>>>(bp);
+      FA_CUDA_CHECK(cudaGetLastError());
+    }
+  });
+}
+
+}  // namespace flashattn::cuda
