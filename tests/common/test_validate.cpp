@@ -73,7 +73,7 @@ const ErrorCase kCases[] = {
     {"VarlenQRank4", Pass::forward, true, [](AttentionParams& a) { a.q.ndim = 4; }, "q", "got rank 4"},
     {"LseRank2Batched", Pass::forward, false, [](AttentionParams& a) { a.lse.ndim = 2; }, "lse", "expected rank 3"},
     {"DqRank2", Pass::backward, false, [](AttentionParams& a) { a.dq.ndim = 2; }, "dq", "expected rank 4"},
-    {"NdimTooLarge", Pass::forward, false, [](AttentionParams& a) { a.v.ndim = 5; }, "v", "ndim in 0..4, got 5"},
+    {"NdimTooBig", Pass::forward, false, [](AttentionParams& a) { a.v.ndim = 5; }, "v", "ndim in 0..4, got 5"},
     {"NdimNegative", Pass::forward, false, [](AttentionParams& a) { a.out.ndim = -1; }, "out", "got -1"},
     {"NdimZeroWithData", Pass::forward, false, [](AttentionParams& a) { a.lse.ndim = 0; }, "lse", "got ndim 0"},
     {"NegativeShape", Pass::forward, false, [](AttentionParams& a) { a.k.shape[1] = -7; }, "k",
@@ -147,12 +147,12 @@ const ErrorCase kCases[] = {
     // Sizes.
     {"HeadDimZero", Pass::forward, false,
      [](AttentionParams& a) { a.q.shape[3] = 0; }, "q", "shape[3] (head_dim) in 1..256, got 0"},
-    {"HeadDimTooLarge", Pass::forward, false,
+    {"HeadDimTooBig", Pass::forward, false,
      [](AttentionParams& a) {
        for (TensorView* t : {&a.q, &a.k}) t->shape[3] = 257;
      },
      "q", "(head_dim) in 1..256, got 257"},
-    {"HeadDimVTooLarge", Pass::forward, false,
+    {"HeadDimVTooBig", Pass::forward, false,
      [](AttentionParams& a) {
        for (TensorView* t : {&a.v, &a.out}) t->shape[3] = 300;
      },
