@@ -8,7 +8,8 @@ Layouts (flashattn.hpp's header comment defines them):
            padding (the padding sequences compute values nobody reads; a sentence of full length
            gives an empty padding sequence);
   varlen   the packed batch [total, heads, head_dim] + cu_seqlens int32 [batch + 1], all in one
-           .safetensors file holding q, k, v, cu_seqlens_q, cu_seqlens_k.
+           .safetensors file holding q, k, v, cu_seqlens_q, cu_seqlens_k (`run --inputs FILE`); the
+           output .safetensors file receives out and lse.
 Every runner returns (out [batch, seqlen, heads, head_dim] float32, check) where check is the
 largest error the CLI's --check printed (None when it printed none), and rows outside the valid
 tokens are zero.
@@ -18,7 +19,6 @@ so that the packing and the capture can be tested without the CLI.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -117,20 +117,19 @@ class NumpyRunner:
         raise ValueError(f"unknown layout {layout!r}")
 
 
-# The CLI's --check prints one line per output, e.g. "check out: max_abs_err 1.2e-07 ..."; the
-# largest number that follows an "err" word is what we report.
-_CHECK_RE = re.compile(r"err\w*[\s:=]+([0-9.]+(?:e[-+]?[0-9]+)?)", re.IGNORECASE)
+# The CLI's --check prints a table with one row per output, "output max_abs_err rel_err naive_err
+# bound result"; we report the max_abs_err of the row "out" (exit status 1 on FAIL is checked too).
+_CHECK_RE = re.compile(r"^\s*out\s+([0-9.]+(?:e[-+]?[0-9]+)?)\s", re.IGNORECASE | re.MULTILINE)
 
 
 class CliRunner:
     """Writes the tensors as files, runs `flashattn run ... --check`, reads the output back."""
 
-    def __init__(self, binary, workdir=None, threads=0, verbose=False):
+    def __init__(self, binary, workdir=None, threads=0, verbose=False, device="auto"):
         self.binary = str(binary)
+        self.device = device
         self.verbose = verbose
-        self.env = dict(os.environ)
-        if threads > 0:
-            self.env["OMP_NUM_THREADS"] = str(threads)
+        self.threads = threads
         self._tmp = None
         if workdir is None:
             self._tmp = tempfile.mkdtemp(prefix="flashattn-minilm-")
@@ -147,8 +146,10 @@ class CliRunner:
         return False
 
     def _cli(self, args):
-        cmd = [self.binary, "run", *[str(a) for a in args], "--check"]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True)
+        cmd = [self.binary, "run", *[str(a) for a in args], "--device", self.device, "--check"]
+        if self.threads > 0:
+            cmd += ["--threads", str(self.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         text = proc.stdout + proc.stderr
         if self.verbose:
             print("$ " + " ".join(cmd))
@@ -199,14 +200,13 @@ class CliRunner:
                        "v": pack_varlen(v, lengths).astype(np.float32),
                        "cu_seqlens_q": cu, "cu_seqlens_k": cu.copy()}, str(path))
             out_path = d / f"{tag}_varlen_out.safetensors"
-            check = self._cli(["--q", path, "--k", path, "--v", path, "--cu-seqlens-q", path,
-                               "--cu-seqlens-k", path, "--out", out_path])
+            check = self._cli(["--inputs", path, "--out", out_path])
             packed = load_file(str(out_path))["out"]
             return unpack_varlen(packed.astype(np.float32), lengths, seqlen), check
         raise ValueError(f"unknown layout {layout!r}")
 
 
-def make_runner(backend, binary, workdir=None, threads=0, verbose=False):
+def make_runner(backend, binary, workdir=None, threads=0, verbose=False, device="auto"):
     if backend == "numpy":
         return NumpyRunner()
-    return CliRunner(binary, workdir, threads, verbose)
+    return CliRunner(binary, workdir, threads, verbose, device)

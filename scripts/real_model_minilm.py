@@ -63,6 +63,8 @@ def parse_args(argv):
     p.add_argument("--backend", choices=["cli", "numpy"], default="cli",
                    help="cli: the flashattn CLI (the check); numpy: float64 numpy in its place, to test this script")
     p.add_argument("--workdir", default=None, help="where to write the tensor files (default: a temporary folder)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="flashattn's device (the CLI's --device; default auto: CUDA when available)")
     p.add_argument("--threads", type=int, default=0, help="PyTorch and flashattn threads (0 = default)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every CLI command and its output")
     return p.parse_args(argv)
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
     if st_cos is not None:
         print(f"pooling check: cosine(our mean-pool+normalize, SentenceTransformer.encode) min = {st_cos:.8f}")
 
-    with fr.make_runner(args.backend, args.flashattn, args.workdir, args.threads, args.verbose) as runner:
+    with fr.make_runner(args.backend, args.flashattn, args.workdir, args.threads, args.verbose,
+                         args.device) as runner:
         # 2. Layer by layer on the captured tensors, in three layouts.
         rows = []
         ok = True
@@ -163,7 +166,7 @@ def main(argv=None) -> int:
 
     print()
     print(f"Sentence embeddings with flashattn's attention in every layer vs the model's own (cosine >= {COSINE_MIN}):")
-    hdr = f"{'#':>2} | {'tokens':>6} | {'cos varlen':>12} | {'cos padded':>12} | sentence"
+    hdr = (f"{'#':>2} | {'tokens':>6} | {'cos varlen':>12} | {'cos padded':>12} | {'max|d emb|':>10} | sentence")
     print(hdr)
     print("-" * len(hdr))
     for i, s in enumerate(sentences):
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
         cp = mc.cosine(swapped["padded"][i], emb_own[i])
         ok &= cv >= COSINE_MIN and cp >= COSINE_MIN
         text = s if len(s) <= 48 else s[:45] + "..."
-        print(f"{i:>2} | {int(lengths[i]):>6} | {cv:>12.9f} | {cp:>12.9f} | {text}")
+        demb = float(max(np.abs(swapped[k][i] - emb_own[i]).max() for k in swapped))
+        print(f"{i:>2} | {int(lengths[i]):>6} | {cv:>12.9f} | {cp:>12.9f} | {demb:>10.2e} | {text}")
     print()
     print(f"real-model check ({args.backend}) {'passed' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s")
     return 0 if ok else 1
