@@ -18,9 +18,8 @@
 #include "cuda/fwd_traits.hpp"
 #include "cuda/kernel_utils.cuh"
 
-#if __has_include("cuda/bwd_launch.hpp")
+#ifdef FLASHATTN_CUDA_HAS_BWD  // defined by src/cuda/CMakeLists.txt when the backward is built
 #include "cuda/bwd_launch.hpp"
-#define FLASHATTN_CUDA_HAS_BWD 1
 #endif
 
 namespace flashattn::cuda {
@@ -333,7 +332,7 @@ Plan plan(const detail::Params& p, Pass pass) {
       result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
-      result.kernel = "cuda_bwd_sm80_mma";
+      result.kernel = "cuda_bwd_sm80_mma_hdim" + std::to_string(bwd_sm80_head_dim_bucket(p));
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
       return result;

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Attention benchmark on one GPU: ours (flashattn's CUDA backend through its Python package) and the
+peers in the same run, PyTorch SDPA with SDPBackend.FLASH_ATTENTION (FlashAttention-2) and
+SDPBackend.CUDNN_ATTENTION, and FlexAttention (torch.compile'd), on the FlashAttention-2 paper's
+shapes (Dao 2023, Sec. 4.1: batch * seqlen = 16384, model dim 2048, head_dim 64 or 128, seqlen
+512..16384, causal and not, forward and backward, bf16 and fp16) and the Llama-3.1-8B shape
+(32 query / 8 KV heads, head_dim 128, seqlen 8192).
+
+TFLOP/s = FLOPs / median time with FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * head_dim,
+halved for causal, times 2.5 for the backward (FA-2's convention). Medians from
+triton.testing.do_bench (CUDA events, warm-up first, L2 flushed between runs). Inputs are fresh
+N(0, 1) draws, never zeros.
+
+Writes bench.json, bench.md (a markdown table) and bench.png (TFLOP/s per shape) to --out, and
+prints the table last. Usage:
+  FLASHATTN_LIBRARY=build-gpu/dist/libflashattn.so python3 bench/gpu/bench_attention.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+
+
+def flops(b, h, sq, sk, d, causal, bwd):
+    f = 4.0 * b * h * sq * sk * d
+    if causal:
+        f /= 2
+    if bwd:
+        f *= 2.5
+    return f
+
+
+def make_inputs(b, s, h, hk, d, dtype):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(time.time_ns()) & 0xFFFFFFFF)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
+    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    return q, k, v, do
+
+
+# ---- the contenders: each returns (fwd_fn, bwd_fn) over [batch, seqlen, heads, dim] inputs ----
+
+def ours(q, k, v, do, causal):
+    ops = torch.ops.flashattn
+    args = (None, None, 0, 0, 0.0, causal, "bottom_right", -1, -1, 0.0, None, False)
+    out, lse = ops.fwd(q, k, v, *args)
+
+    def fwd():
+        return ops.fwd(q, k, v, *args)
+
+    def bwd():
+        return ops.bwd(do, q, k, v, out, lse, None, None, 0, 0, 0.0, causal, "bottom_right", -1, -1, 0.0, None, False)
+
+    return fwd, bwd
+
+
+def sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = getattr(SDPBackend, backend)
+
+    def make(q, k, v, do, causal):
+        qt, kt, vt, dot = (t.transpose(1, 2) for t in (q, k, v, do))
+        gqa = qt.shape[1] != kt.shape[1]
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (qt, kt, vt))
+
+        def fwd():
+            with sdpa_kernel([be]), torch.no_grad():
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+
+        with sdpa_kernel([be]):
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+
+        def bwd():
+            return torch.autograd.grad(out, (qg, kg, vg), dot, retain_graph=True)
+
+        fwd()
+        return fwd, bwd
+
+    return make
+
+
+_flex_compiled = None
+
+
+def flex(q, k, v, do, causal):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))
+    gqa = qt.shape[1] != kt.shape[1]
+    s = qt.shape[2]
+    bm = None
+    if causal:
+        bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, s, s, device="cuda")
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (qt, kt, vt))
+
+    def fwd():
+        with torch.no_grad():
+            return _flex_compiled(qt, kt, vt, block_mask=bm, enable_gqa=gqa)
+
+    out = _flex_compiled(qg, kg, vg, block_mask=bm, enable_gqa=gqa)
+
+    def bwd():
+        return torch.autograd.grad(out, (qg, kg, vg), dot, retain_graph=True)
+
+    fwd()
+    return fwd, bwd
+
+
+def max_rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json/.md/.png")
+    ap.add_argument("--quick", action="store_true", help="bf16 only, seqlen 1k/4k/16k, fewer repeats")
+    ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--flex-seqlens", default="2048,8192", help="seqlens on which FlexAttention runs ('' = none)")
+    ap.add_argument("--rep-ms", type=float, default=60.0)
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    contenders = {"ours": None, "fa2": sdpa("FLASH_ATTENTION"), "cudnn": sdpa("CUDNN_ATTENTION"), "flex": flex}
+    try:
+        import flashattn  # noqa: F401  (registers torch.ops.flashattn)
+
+        contenders["ours"] = ours
+    except Exception as e:  # report, keep benchmarking the peers
+        print(f"ours: unavailable ({e})", file=sys.stderr)
+        del contenders["ours"]
+
+    flex_seqlens = {int(x) for x in args.flex_seqlens.split(",") if x}
+    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
+    seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    shapes = []  # (name, batch, seqlen, heads, heads_k, head_dim)
+    for d in (64, 128):
+        for s in seqlens:
+            shapes.append((f"fa2paper_d{d}_s{s}", 16384 // s, s, 2048 // d, 2048 // d, d))
+    shapes.append(("llama31_8b_s8192", 1, 8192, 32, 8, 128))
+
+    dev = torch.cuda.get_device_properties(0)
+    meta = {"device": dev.name, "sms": dev.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except Exception:
+        pass
+    rows = []
+    for dtype in dtypes:
+        for (name, b, s, h, hk, d) in shapes:
+            for causal in (False, True):
+                q, k, v, do = make_inputs(b, s, h, hk, d, dtype)
+                ref_out = None
+                for cname, make in contenders.items():
+                    if cname == "flex" and s not in flex_seqlens:
+                        continue
+                    rec = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "batch": b, "seqlen": s,
+                           "heads": h, "heads_k": hk, "head_dim": d, "causal": causal, "impl": cname}
+                    try:
+                        fwd, bwd = make(q, k, v, do, causal)
+                        o = fwd()
+                        o = o[0] if isinstance(o, tuple) else o
+                        o = o if o.shape == q.shape else o.transpose(1, 2)
+                        if ref_out is None and cname == "fa2":
+                            ref_out = o.float()
+                        rec["out"] = o.float()
+                        t = do_bench(fwd, warmup=10, rep=args.rep_ms, return_mode="median")
+                        rec["fwd_ms"] = t
+                        rec["fwd_tflops"] = flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
+                        if not args.no_bwd:
+                            t = do_bench(bwd, warmup=10, rep=args.rep_ms, return_mode="median")
+                            rec["bwd_ms"] = t
+                            rec["bwd_tflops"] = flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
+                    except Exception as e:
+                        rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    rows.append(rec)
+                    torch.cuda.empty_cache()
+                # Agreement with FA-2 (a sanity check, not the accuracy test: tests/cuda does that).
+                for rec in rows:
+                    o = rec.pop("out", None)
+                    if o is not None and ref_out is not None and rec["impl"] != "fa2":
+                        rec["max_rel_diff_vs_fa2"] = max_rel_err(o, ref_out)
+                del q, k, v, do, ref_out
+                line = [r for r in rows if r["shape"] == name and r["causal"] == causal and
+                        r["dtype"] == str(dtype).replace("torch.", "")]
+                print(" | ".join(f"{r['impl']}:{r.get('fwd_tflops', float('nan')):.0f}/"
+                                 f"{r.get('bwd_tflops', float('nan')):.0f}" + (" ERR" if "error" in r else "")
+                                 for r in line), f"<- {name} {dtype} causal={causal}", flush=True)
+
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    impls = list(contenders)
+    md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
+          "TFLOP/s (median; fwd / bwd). FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
+          "| shape | dtype | causal | " + " | ".join(impls) + " | ours/fa2 fwd | ours/fa2 bwd |",
+          "|---|---|---|" + "---|" * (len(impls) + 2)]
+    keys = []
+    for r in rows:
+        key = (r["shape"], r["dtype"], r["causal"])
+        if key not in keys:
+            keys.append(key)
+    for key in keys:
+        cells, by = [], {r["impl"]: r for r in rows if (r["shape"], r["dtype"], r["causal"]) == key}
+        for i in impls:
+            r = by.get(i)
+            if r is None:
+                cells.append("")
+            elif "error" in r:
+                cells.append("err")
+            else:
+                cells.append(f"{r.get('fwd_tflops', float('nan')):.0f} / {r.get('bwd_tflops', float('nan')):.0f}")
+
+        def ratio(field):
+            a, b = by.get("ours", {}).get(field), by.get("fa2", {}).get(field)
+            return f"{a / b:.2f}" if a and b else ""
+
+        cells += [ratio("fwd_tflops"), ratio("bwd_tflops")]
+        md.append(f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | " + " | ".join(cells) + " |")
+    errors = [f"- {r['impl']} {r['shape']} {r['dtype']} causal={r['causal']}: {r['error']}" for r in rows if "error" in r]
+    if errors:
+        md += ["", "Errors:"] + errors
+    (out_dir / "bench.md").write_text("\n".join(md) + "\n")
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = [(dt, c, pas) for dt in sorted({r["dtype"] for r in rows}) for c in (False, True)
+                  for pas in ("fwd", "bwd")]
+        fig, axes = plt.subplots(len(panels) // 4 or 1, 4, figsize=(22, 5 * max(1, len(panels) // 4)), squeeze=False)
+        for ax, (dt, c, pas) in zip(axes.flat, panels):
+            sel = [r for r in rows if r["dtype"] == dt and r["causal"] == c]
+            labels = [k for k in dict.fromkeys(r["shape"] for r in sel)]
+            for j, impl in enumerate(impls):
+                vals = [next((r.get(f"{pas}_tflops", 0) or 0 for r in sel if r["shape"] == lab and r["impl"] == impl), 0)
+                        for lab in labels]
+                ax.bar([x + j * 0.2 for x in range(len(labels))], vals, width=0.2, label=impl)
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels([lab.replace("fa2paper_", "") for lab in labels], rotation=60, fontsize=7)
+            ax.set_title(f"{dt} {'causal' if c else 'non-causal'} {pas}")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{meta['device']} — {meta['date']}")
+        fig.tight_layout()
+        fig.savefig(out_dir / "bench.png", dpi=80)
+    except Exception:
+        traceback.print_exc()
+
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The CUDA backend's GPU check in one device call (issue 3).
+#
+#   scripts/gpu_check.sh build        here (no GPU needed): Release build with the CUDA backend into
+#                                     build-gpu/, then build-gpu/dist/ gets what the device needs:
+#                                     test_cuda, libflashattn.so (the static library linked whole,
+#                                     cudart static), libgomp, and SASS/ptxas reports.
+#   scripts/gpu_check.sh run [what]   on the GPU machine (carry build-gpu/dist): GPU tests,
+#                                     compute-sanitizer (memcheck, racecheck, initcheck, synccheck)
+#                                     on a small representative subset, and the benchmark. Logs go to
+#                                     $OUT (or ./gpu-check-out); a short table is printed last.
+#                                     what: any of tests,sanitize,bench,quickbench (default all but
+#                                     quickbench).
+# Environment: GTEST_FILTER narrows the test run; BENCH_ARGS are passed to bench_attention.py.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+DIST=build-gpu/dist
+
+if [ "$mode" = build ]; then
+  set -e
+  export PATH="/usr/local/cuda/bin:$PATH"
+  # FLASHATTN_NATIVE=OFF: the device's CPU is not this one.
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_NATIVE=OFF \
+    -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_BWD="${CUDA_BWD:-ON}" >/dev/null
+  start=$(date +%s)
+  nice -n 5 cmake --build build-gpu --target test_cuda flashattn -j2 2>&1 | tee build-gpu/build.log |
+    grep -E "error|FAILED" || true
+  [ -x build-gpu/tests/cuda/test_cuda ] || { echo "gpu_check: build failed (build-gpu/build.log)"; exit 1; }
+  echo "gpu_check: build took $(( $(date +%s) - start )) s"
+  mkdir -p $DIST
+  cp build-gpu/tests/cuda/test_cuda $DIST/
+  g++ -shared -o $DIST/libflashattn.so -Wl,--whole-archive build-gpu/src/libflashattn.a -Wl,--no-whole-archive \
+    /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,-Bsymbolic -Wl,--no-undefined
+  cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
+  grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
+  CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)
+  if [ -x "$CUOBJDUMP" ]; then
+    for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o; do
+      echo "== $(basename "$o"): $("$CUOBJDUMP" -sass "$o" | grep -c HMMA) HMMA, $("$CUOBJDUMP" -sass "$o" | grep -cE 'LDL|STL') LDL/STL"
+    done > $DIST/sass_summary.txt
+    cat $DIST/sass_summary.txt
+  fi
+  du -sh $DIST
+  exit 0
+fi
+
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+what=${2:-tests,sanitize,bench}
+export LD_LIBRARY_PATH="$PWD/$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary=()
+# At most 8 files come back from the device: tests.log, sanitize.log, bench.{log,md,json,png}.
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
+
+if [[ $what == *tests* ]]; then
+  start=$(date +%s)
+  $DIST/test_cuda --gtest_filter="${GTEST_FILTER:-*}" >> "$OUT/tests.log" 2>&1
+  rc=$?
+  grep -E "^\[  (FAILED|SKIPPED) " "$OUT/tests.log" | sort -u | head -30
+  grep -B2 -A12 "Failure" "$OUT/tests.log" | head -60
+  summary+=("tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests.log") failed, $(( $(date +%s) - start )) s")
+fi
+
+if [[ $what == *sanitize* ]]; then
+  # Small cases that still cover every code path: masked and unmasked tiles, varlen with empty
+  # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, and the backward.
+  filter='*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*'
+  for tool in memcheck racecheck initcheck synccheck; do
+    start=$(date +%s)
+    compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter" > "$OUT/sanitize_one.log" 2>&1
+    rc=$?
+    errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
+    summary+=("$tool: rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
+    { echo "===== $tool (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
+    rm -f "$OUT/sanitize_one.log"
+  done
+fi
+
+if [[ $what == *bench* ]]; then
+  start=$(date +%s)
+  extra=${BENCH_ARGS:-}
+  [[ $what == *quickbench* ]] && extra="--quick $extra"
+  FLASHATTN_LIBRARY=$PWD/$DIST/libflashattn.so PYTHONUNBUFFERED=1 \
+    python3 bench/gpu/bench_attention.py --out "$OUT" $extra > "$OUT/bench.log" 2>&1
+  summary+=("bench: rc=$?, $(( $(date +%s) - start )) s (bench.md, bench.json, bench.png)")
+fi
+
+echo
+[ -f "$OUT/bench.md" ] && tail -n +3 "$OUT/bench.md"
+echo
+printf '%s\n' "${summary[@]}"

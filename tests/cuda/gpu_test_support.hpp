@@ -1,0 +1,270 @@
+// Device-side counterparts of tests/support: a DeviceTensor holds a strided copy of a HostTensor's
+// logical elements in GPU memory (its own layout: contiguous, padded or head-major, with strides
+// kept at multiples of 8 elements as the CUDA kernels require), every other storage element
+// poisoned, and reads back to dense float64. GpuProblem uploads a testing::Problem and builds the
+// AttentionParams over the device copies. Every test calls FLASHATTN_REQUIRE_GPU() first, so that a
+// machine without a GPU reports each one SKIPPED with the reason.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn_problem.hpp"
+#include "flashattn/flashattn.hpp"
+
+#define FLASHATTN_REQUIRE_GPU()                                                                    \
+  do {                                                                                             \
+    if (!::flashattn::cuda_available())                                                            \
+      GTEST_SKIP() << "no CUDA device on this machine (or a CPU-only build): GPU test skipped";    \
+  } while (0)
+
+#define FLASHATTN_ASSERT_CUDA(expr)                                                                \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);                         \
+  } while (0)
+
+namespace flashattn::testing {
+
+enum class GpuLayout { contiguous, padded, head_major };
+
+inline const char* gpu_layout_name(GpuLayout l) {
+  switch (l) {
+    case GpuLayout::contiguous: return "contiguous";
+    case GpuLayout::padded: return "padded8";
+    case GpuLayout::head_major: return "headmajor8";
+  }
+  return "?";
+}
+
+inline int current_device() {
+  int d = 0;
+  cudaGetDevice(&d);
+  return d;
+}
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+
+  // Poisoned storage for `shape` in `layout`: padding of 8 elements after every row of every
+  // non-last dimension (padded), plus dims r-3 and r-2 swapped in memory (head_major).
+  DeviceTensor(DType dtype, std::vector<int64_t> shape, GpuLayout layout = GpuLayout::contiguous)
+      : dtype_(dtype), shape_(std::move(shape)), stride_(shape_.size(), 1) {
+    const int r = static_cast<int>(shape_.size());
+    std::vector<int> order(r);
+    for (int d = 0; d < r; ++d) order[d] = r - 1 - d;
+    if (layout == GpuLayout::head_major && r >= 3) std::swap(order[1], order[2]);
+    int64_t running = 1;
+    for (int x = 0; x < r; ++x) {
+      stride_[order[x]] = running;
+      running = running * std::max<int64_t>(shape_[order[x]], 1) + (layout == GpuLayout::contiguous ? 0 : 8);
+    }
+    storage_numel_ = running;
+    host_.assign(static_cast<size_t>(storage_numel_) * dtype_size(dtype_), 0);
+    for (int64_t i = 0; i < storage_numel_; ++i) write_poison(dtype_, host_.data(), i);
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<size_t>(host_.size(), 16));
+    if (err != cudaSuccess) throw Error(std::string("test: cudaMalloc failed: ") + cudaGetErrorString(err));
+    dev_.reset(p, CudaFree{});
+    upload();
+  }
+
+  // A device copy of h's logical elements in `layout`.
+  static DeviceTensor copy_of(const HostTensor& h, GpuLayout layout = GpuLayout::contiguous) {
+    DeviceTensor t(h.dtype(), h.shape(), layout);
+    t.set(h.to_dense());
+    return t;
+  }
+
+  bool defined() const { return !shape_.empty(); }
+  void* data() const { return dev_.get(); }
+  DType dtype() const { return dtype_; }
+
+  void set(const std::vector<double>& values) {
+    const std::vector<int64_t> offs = logical_offsets();
+    for (size_t i = 0; i < offs.size(); ++i) from_double(dtype_, host_.data(), offs[i], values[i]);
+    upload();
+  }
+
+  void poison() {
+    for (int64_t i = 0; i < storage_numel_; ++i) write_poison(dtype_, host_.data(), i);
+    upload();
+  }
+
+  TensorView view() const {
+    TensorView t;
+    if (!defined()) return t;
+    t.data = dev_.get();
+    t.dtype = dtype_;
+    t.device = Device::cuda;
+    t.device_index = current_device();
+    t.ndim = static_cast<int32_t>(shape_.size());
+    for (size_t d = 0; d < shape_.size(); ++d) {
+      t.shape[d] = shape_[d];
+      t.stride[d] = stride_[d];
+    }
+    return t;
+  }
+
+  // Reads the device storage back (synchronizes the device first).
+  void download() {
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) throw Error(std::string("test: kernel failed: ") + cudaGetErrorString(err));
+    const cudaError_t err2 = cudaMemcpy(host_.data(), dev_.get(), host_.size(), cudaMemcpyDeviceToHost);
+    if (err2 != cudaSuccess) throw Error(std::string("test: cudaMemcpy failed: ") + cudaGetErrorString(err2));
+  }
+
+  std::vector<double> to_dense() {
+    download();
+    std::vector<double> out;
+    for (int64_t off : logical_offsets()) out.push_back(to_double(dtype_, host_.data(), off));
+    return out;
+  }
+
+  // After download(): every logical element written, nothing outside the view touched.
+  ::testing::AssertionResult all_written(const std::string& name) const {
+    int64_t bad = 0, e = 0, first = -1;
+    for (int64_t off : logical_offsets()) {
+      if (is_poison(dtype_, host_.data(), off)) {
+        if (first < 0) first = e;
+        ++bad;
+      }
+      ++e;
+    }
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << name << ": " << bad << " elements never written (first at logical index "
+                                         << first << ")";
+  }
+
+  ::testing::AssertionResult padding_intact(const std::string& name) const {
+    std::vector<char> logical(static_cast<size_t>(storage_numel_), 0);
+    for (int64_t off : logical_offsets()) logical[static_cast<size_t>(off)] = 1;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < storage_numel_; ++i)
+      if (!logical[static_cast<size_t>(i)] && !is_poison(dtype_, host_.data(), i)) ++bad;
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << name << ": " << bad << " storage elements outside the view were written";
+  }
+
+  ::testing::AssertionResult untouched(const std::string& name) const {
+    for (int64_t i = 0; i < storage_numel_; ++i)
+      if (!is_poison(dtype_, host_.data(), i))
+        return ::testing::AssertionFailure() << name << ": written by a call that failed (storage offset " << i << ")";
+    return ::testing::AssertionSuccess();
+  }
+
+  const std::vector<unsigned char>& bytes() const { return host_; }
+
+ private:
+  void upload() {
+    const cudaError_t err = cudaMemcpy(dev_.get(), host_.data(), host_.size(), cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) throw Error(std::string("test: cudaMemcpy failed: ") + cudaGetErrorString(err));
+  }
+
+  std::vector<int64_t> logical_offsets() const {
+    std::vector<int64_t> offs;
+    int64_t n = 1;
+    for (int64_t s : shape_) n *= s;
+    offs.reserve(static_cast<size_t>(n));
+    std::vector<int64_t> idx(shape_.size(), 0);
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t off = 0;
+      for (size_t d = 0; d < shape_.size(); ++d) off += idx[d] * stride_[d];
+      offs.push_back(off);
+      for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
+        if (++idx[d] < shape_[d]) break;
+        idx[d] = 0;
+      }
+    }
+    return offs;
+  }
+
+  DType dtype_ = DType::f32;
+  std::vector<int64_t> shape_, stride_;
+  int64_t storage_numel_ = 0;
+  std::vector<unsigned char> host_;
+  std::shared_ptr<void> dev_;
+};
+
+// The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.
+struct GpuProblem {
+  GpuProblem(Problem& pr, GpuLayout layout) : problem(&pr) {
+    q = DeviceTensor::copy_of(pr.q, layout);
+    k = DeviceTensor::copy_of(pr.k, layout);
+    v = DeviceTensor::copy_of(pr.v, layout);
+    dout = DeviceTensor::copy_of(pr.dout, layout);
+    out = DeviceTensor(pr.out.dtype(), pr.out.shape(), layout);
+    lse = DeviceTensor(DType::f32, pr.lse.shape(), layout);
+    dq = DeviceTensor(pr.dq.dtype(), pr.dq.shape(), layout);
+    dk = DeviceTensor(pr.dk.dtype(), pr.dk.shape(), layout);
+    dv = DeviceTensor(pr.dv.dtype(), pr.dv.shape(), layout);
+    const AttentionParams host = pr.params();
+    if (host.cu_seqlens_q.defined()) {
+      cu_q = copy_view(host.cu_seqlens_q);
+      cu_k = copy_view(host.cu_seqlens_k);
+    }
+    if (host.alibi_slopes.defined()) alibi = copy_view(host.alibi_slopes);
+  }
+
+  AttentionParams params() const {
+    AttentionParams a = problem->params();
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.out = out.view();
+    a.lse = problem->config().with_lse ? lse.view() : TensorView{};
+    a.dout = dout.view();
+    a.dq = dq.view();
+    a.dk = dk.view();
+    a.dv = dv.view();
+    if (cu_q.defined()) {
+      a.cu_seqlens_q = cu_q.view();
+      a.cu_seqlens_k = cu_k.view();
+    }
+    if (alibi.defined()) a.alibi_slopes = alibi.view();
+    return a;
+  }
+
+  // lse in the reference's [num_heads, total_q] order.
+  std::vector<double> lse_dense() {
+    const std::vector<double> l = lse.to_dense();
+    const ProblemConfig& cfg = problem->config();
+    if (cfg.varlen()) return l;
+    std::vector<double> r(l.size());
+    const int64_t H = cfg.num_heads, S = cfg.seqlen_q, T = problem->total_q();
+    for (int64_t b = 0; b < cfg.batch; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < S; ++i)
+          r[static_cast<size_t>(h * T + b * S + i)] = l[static_cast<size_t>((b * H + h) * S + i)];
+    return r;
+  }
+
+  Problem* problem;
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, alibi;
+
+ private:
+  static DeviceTensor copy_view(const TensorView& t) {
+    std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+    DeviceTensor d(t.dtype, shape);
+    std::vector<double> vals;
+    // Contiguous host views (Problem builds them so): read them element by element.
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    for (int64_t i = 0; i < n; ++i) vals.push_back(to_double(t.dtype, t.data, i));
+    d.set(vals);
+    return d;
+  }
+};
+
+}  // namespace flashattn::testing

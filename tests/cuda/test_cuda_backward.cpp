@@ -1,0 +1,136 @@
+// CUDA backward (dq, dk, dv) against the float64 reference with the project's criterion, each
+// gradient checked separately, poisoned first; and the deterministic mode: 100 runs bitwise equal.
+// Skipped with a message while the build has no CUDA backward (plan() says so).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+using reference::Precision;
+
+struct BwdCase {
+  ProblemConfig cfg;
+  std::string name() const { return cfg.name(); }
+};
+
+ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
+  ProblemConfig c;
+  c.dtype = dt;
+  c.batch = b;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.num_heads = h;
+  c.num_heads_k = hk;
+  c.head_dim = d;
+  return c;
+}
+
+std::vector<BwdCase> backward_cases() {
+  std::vector<BwdCase> cases;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (bool det : {false, true}) {
+      auto add = [&](ProblemConfig c) {
+        c.deterministic = det;
+        if (det) c.tag = "det";
+        cases.push_back({c});
+      };
+      add(base(dt, 2, 128, 128, 2, 2, 64));
+      add(base(dt, 1, 113, 203, 2, 1, 128));
+      ProblemConfig c = base(dt, 1, 203, 113, 4, 2, 128);
+      c.causal = true;
+      add(c);
+      c.align = CausalAlign::top_left;
+      add(c);
+      c = base(dt, 1, 150, 150, 2, 2, 96);
+      c.window_size_left = 20;
+      c.window_size_right = 5;
+      c.softcap = 10.0f;
+      add(c);
+      c = base(dt, 2, 90, 130, 2, 2, 256);
+      c.alibi = Alibi::per_head;
+      c.head_dim_v = 128;
+      add(c);
+      c = base(dt, 0, 0, 0, 2, 1, 64);
+      c.lens_q = {17, 0, 130, 1};
+      c.lens_k = {33, 7, 130, 0};
+      c.causal = true;
+      add(c);
+    }
+  }
+  return cases;
+}
+
+bool backward_shipped(const AttentionParams& a, std::string* reason) {
+  const Plan pl = plan(a, Pass::backward);
+  if (!pl.ok) *reason = pl.reason;
+  return pl.ok;
+}
+
+class CudaBackward : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(CudaBackward, MatchesReference) {
+  FLASHATTN_REQUIRE_GPU();
+  const ProblemConfig& cfg = GetParam().cfg;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(cfg, seed);
+  GpuProblem g(pr, GpuLayout::contiguous);
+  // The backward needs the forward's out and lse.
+  forward(g.params());
+  std::string why;
+  if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  backward(g.params());
+  const std::vector<double> dq = g.dq.to_dense(), dk = g.dk.to_dense(), dv = g.dv.to_dense();
+  EXPECT_TRUE(g.dq.all_written("dq"));
+  EXPECT_TRUE(g.dk.all_written("dk"));
+  EXPECT_TRUE(g.dv.all_written("dv"));
+  const DenseResults& ref = pr.reference(Precision::f64, true);
+  const DenseResults& naive = pr.reference(Precision::input, true);
+  if (!dq.empty()) EXPECT_TRUE(check_close("dq", dq, ref.dq, naive.dq, cfg.dtype));
+  if (!dk.empty()) EXPECT_TRUE(check_close("dk", dk, ref.dk, naive.dk, cfg.dtype));
+  if (!dv.empty()) EXPECT_TRUE(check_close("dv", dv, ref.dv, naive.dv, cfg.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
+
+// deterministic = true: 100 runs give bitwise the same dq, dk, dv (GQA, so dk/dv sum over heads).
+TEST(CudaBackwardMisc, Deterministic100RunsBitwiseEqual) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = base(DType::bf16, 2, 300, 300, 8, 2, 128);
+  c.causal = true;
+  c.deterministic = true;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed);
+  GpuProblem g(pr, GpuLayout::contiguous);
+  forward(g.params());
+  std::string why;
+  if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  backward(g.params());
+  g.dq.download();
+  g.dk.download();
+  g.dv.download();
+  const std::vector<unsigned char> dq0 = g.dq.bytes(), dk0 = g.dk.bytes(), dv0 = g.dv.bytes();
+  for (int run = 1; run < 100; ++run) {
+    g.dq.poison();
+    g.dk.poison();
+    g.dv.poison();
+    backward(g.params());
+    g.dq.download();
+    g.dk.download();
+    g.dv.download();
+    ASSERT_EQ(dq0, g.dq.bytes()) << "dq differs at run " << run;
+    ASSERT_EQ(dk0, g.dk.bytes()) << "dk differs at run " << run;
+    ASSERT_EQ(dv0, g.dv.bytes()) << "dv differs at run " << run;
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::testing

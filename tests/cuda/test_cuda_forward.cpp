@@ -1,0 +1,294 @@
+// CUDA forward against the float64 reference (the project's criterion: error <= 2 x the naive
+// input-precision error + a floor), and against the CPU backend, over the shared list of hard
+// shapes: lengths off tile multiples, seqlen_q > seqlen_k and the reverse, head dims inside every
+// bucket, head_dim_v != head_dim, both causal alignments, sliding windows, softcap, ALiBi, GQA/MQA,
+// varlen with empty sequences, strided layouts, fully masked rows. Outputs are poisoned first:
+// every element must be written and nothing outside the views. Plus a case whose element offsets
+// pass 2^31, and a forward captured in a CUDA graph.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+using reference::Precision;
+
+struct GpuCase {
+  ProblemConfig cfg;
+  GpuLayout layout = GpuLayout::contiguous;
+  std::string name() const {
+    return cfg.name() + (layout == GpuLayout::contiguous ? "" : std::string("_") + gpu_layout_name(layout));
+  }
+};
+
+ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
+  ProblemConfig c;
+  c.dtype = dt;
+  c.batch = b;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.num_heads = h;
+  c.num_heads_k = hk;
+  c.head_dim = d;
+  return c;
+}
+
+std::vector<GpuCase> forward_cases() {
+  std::vector<GpuCase> cases;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    auto add = [&](ProblemConfig c, GpuLayout l = GpuLayout::contiguous) { cases.push_back({c, l}); };
+    add(base(dt, 2, 128, 128, 4, 4, 64));
+    add(base(dt, 1, 1, 1, 1, 1, 64));
+    add(base(dt, 1, 1, 1023, 2, 2, 128));
+    add(base(dt, 1, 113, 203, 2, 2, 128));
+    add(base(dt, 1, 1023, 1023, 2, 1, 128));
+    for (int64_t d : {32, 40, 72, 80, 96, 112, 160, 192, 256}) add(base(dt, 1, 203, 113, 2, 2, d));
+    {
+      ProblemConfig c = base(dt, 1, 150, 90, 2, 2, 64);
+      c.head_dim_v = 128;
+      add(c);
+      c = base(dt, 1, 90, 150, 2, 2, 128);
+      c.head_dim_v = 64;
+      add(c);
+      c.head_dim = 256;
+      c.head_dim_v = 40;
+      add(c);
+    }
+    for (CausalAlign al : {CausalAlign::bottom_right, CausalAlign::top_left}) {
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{203, 113}, {113, 203}, {256, 256}, {1, 300}}) {
+        ProblemConfig c = base(dt, 2, sq, sk, 2, 2, 128);
+        c.causal = true;
+        c.align = al;
+        add(c);
+      }
+      ProblemConfig w = base(dt, 1, 300, 257, 2, 2, 64);
+      w.window_size_left = 37;
+      w.window_size_right = 11;
+      w.align = al;
+      add(w);
+      w.window_size_left = 0;
+      w.window_size_right = 0;
+      add(w);
+      w.window_size_left = 100;
+      w.window_size_right = -1;
+      add(w);
+    }
+    {
+      ProblemConfig c = base(dt, 1, 200, 200, 2, 2, 128);
+      c.softcap = 30.0f;
+      add(c);
+      c.causal = true;
+      c.softcap = 5.0f;
+      c.softmax_scale = 0.5f;
+      add(c);
+      c = base(dt, 2, 150, 170, 4, 2, 64);
+      c.alibi = Alibi::per_head;
+      add(c);
+      c.alibi = Alibi::per_batch_head;
+      c.causal = true;
+      add(c);
+      c.softcap = 20.0f;
+      add(c);
+    }
+    add(base(dt, 2, 130, 130, 8, 2, 128));
+    add(base(dt, 1, 130, 77, 4, 1, 64));
+    {
+      ProblemConfig c = base(dt, 0, 0, 0, 2, 1, 128);
+      c.lens_q = {17, 0, 130, 1, 64};
+      c.lens_k = {33, 7, 130, 0, 200};
+      add(c);
+      c.causal = true;
+      add(c);
+      c.causal = false;
+      c.window_size_left = 16;
+      c.window_size_right = 8;
+      c.head_dim = 64;
+      add(c);
+    }
+    {
+      ProblemConfig c = base(dt, 2, 100, 140, 4, 2, 64);
+      add(c, GpuLayout::padded);
+      add(c, GpuLayout::head_major);
+      c.with_lse = false;
+      add(c, GpuLayout::head_major);
+    }
+  }
+  return cases;
+}
+
+class CudaForward : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(CudaForward, MatchesReferenceAndCpu) {
+  FLASHATTN_REQUIRE_GPU();
+  const GpuCase& gc = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(gc.cfg, seed);
+  GpuProblem g(pr, gc.layout);
+
+  const Plan pl = plan(g.params(), Pass::forward);
+  ASSERT_TRUE(pl.ok) << pl.reason;
+  forward(g.params());
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  EXPECT_TRUE(g.out.padding_intact("out"));
+
+  if (pr.total_q() * gc.cfg.num_heads * gc.cfg.dv() == 0) return;
+  const DenseResults& ref = pr.reference(Precision::f64, false);
+  const DenseResults& naive = pr.reference(Precision::input, false);
+  EXPECT_TRUE(check_close("out", out, ref.out, naive.out, gc.cfg.dtype));
+  if (gc.cfg.with_lse) {
+    const std::vector<double> lse = g.lse_dense();
+    EXPECT_TRUE(g.lse.all_written("lse"));
+    EXPECT_TRUE(g.lse.padding_intact("lse"));
+    EXPECT_TRUE(check_close("lse", lse, ref.lse, naive.lse, DType::f32));
+  } else {
+    g.lse.download();
+    EXPECT_TRUE(g.lse.untouched("lse (not given)"));
+  }
+
+  // The CPU backend on the same inputs: both are held to the same criterion, so they may differ
+  // by at most the sum of their allowances.
+  forward(pr.params());
+  const std::vector<double> cpu_out = pr.out.to_dense();
+  double naive_err = 0, max_ref = 0, diff = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    naive_err = std::max(naive_err, std::fabs(naive.out[i] - ref.out[i]));
+    max_ref = std::max(max_ref, std::fabs(ref.out[i]));
+    diff = std::max(diff, std::fabs(out[i] - cpu_out[i]));
+  }
+  EXPECT_LE(diff, 2 * (2 * naive_err + floor_rel(gc.cfg.dtype) * max_ref)) << "GPU vs CPU backend out";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward, ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name(); });
+
+// The same call twice gives bitwise the same out and lse (no atomics, no races in the forward).
+TEST(CudaForwardMisc, Repeatable) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = base(DType::bf16, 2, 333, 333, 4, 2, 128);
+  c.causal = true;
+  Problem pr(c, fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  forward(g.params());
+  g.out.download();
+  g.lse.download();
+  const std::vector<unsigned char> out0 = g.out.bytes(), lse0 = g.lse.bytes();
+  for (int i = 0; i < 10; ++i) {
+    forward(g.params());
+    g.out.download();
+    g.lse.download();
+    ASSERT_EQ(out0, g.out.bytes()) << "run " << i;
+    ASSERT_EQ(lse0, g.lse.bytes()) << "run " << i;
+  }
+}
+
+// A varlen forward captured into a CUDA graph: plan() skips its synchronizing cu_seqlens check
+// under capture and the replay must give the same result as an eager call.
+TEST(CudaForwardMisc, VarlenUnderGraphCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = base(DType::f16, 0, 0, 0, 4, 2, 64);
+  c.lens_q = {70, 0, 129};
+  c.lens_k = {70, 5, 300};
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed);
+  GpuProblem g(pr, GpuLayout::contiguous);
+  cudaStream_t stream;
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  AttentionParams a = g.params();
+  a.stream = stream;
+  a.max_seqlen_q = 129;
+  a.max_seqlen_k = 300;
+  cudaGraph_t graph;
+  FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  forward(a);
+  FLASHATTN_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  FLASHATTN_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  FLASHATTN_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  const DenseResults& ref = pr.reference(Precision::f64, false);
+  const DenseResults& naive = pr.reference(Precision::input, false);
+  EXPECT_TRUE(check_close("out", out, ref.out, naive.out, c.dtype));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Element offsets past 2^31: batch 1 of every tensor starts 2^31 + 8 elements after batch 0, so
+// 32-bit index arithmetic anywhere would read or write the wrong place. Only the logical rows are
+// copied; the rest of each ~4 GB buffer is never touched.
+TEST(CudaForwardMisc, OffsetsPast2to31) {
+  FLASHATTN_REQUIRE_GPU();
+  const int64_t B = 2, S = 160, H = 2, D = 128;
+  const int64_t batch_stride = (int64_t{1} << 31) + 8;
+  ProblemConfig c = base(DType::bf16, B, S, S, H, H, D);
+  c.causal = true;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed);
+  const size_t bytes = static_cast<size_t>(batch_stride + S * H * D) * 2;
+  struct Buf {
+    void* p = nullptr;
+    ~Buf() { cudaFree(p); }
+  } q, k, v, o;
+  for (Buf* b : {&q, &k, &v, &o}) {
+    const cudaError_t e = cudaMalloc(&b->p, bytes);
+    if (e == cudaErrorMemoryAllocation) GTEST_SKIP() << "not enough GPU memory for 4 x " << bytes << " bytes";
+    FLASHATTN_ASSERT_CUDA(e);
+  }
+  const size_t slab = static_cast<size_t>(S * H * D) * 2;
+  auto put = [&](Buf& dst, const HostTensor& src) {
+    for (int64_t b = 0; b < B; ++b)
+      FLASHATTN_ASSERT_CUDA(cudaMemcpy(static_cast<char*>(dst.p) + b * batch_stride * 2,
+                                       static_cast<const char*>(src.data()) + b * slab, slab, cudaMemcpyHostToDevice));
+  };
+  put(q, pr.q);
+  put(k, pr.k);
+  put(v, pr.v);
+  for (int64_t b = 0; b < B; ++b)
+    FLASHATTN_ASSERT_CUDA(cudaMemset(static_cast<char*>(o.p) + b * batch_stride * 2, 0xff, slab));  // NaN
+  auto view = [&](Buf& buf) {
+    TensorView t;
+    t.data = buf.p;
+    t.dtype = DType::bf16;
+    t.device = Device::cuda;
+    t.device_index = current_device();
+    t.ndim = 4;
+    const int64_t shape[4] = {B, S, H, D}, stride[4] = {batch_stride, H * D, D, 1};
+    for (int d = 0; d < 4; ++d) {
+      t.shape[d] = shape[d];
+      t.stride[d] = stride[d];
+    }
+    return t;
+  };
+  AttentionParams a;
+  a.q = view(q);
+  a.k = view(k);
+  a.v = view(v);
+  a.out = view(o);
+  a.causal = true;
+  forward(a);
+  FLASHATTN_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<uint16_t> host(static_cast<size_t>(B * S * H * D));
+  for (int64_t b = 0; b < B; ++b)
+    FLASHATTN_ASSERT_CUDA(cudaMemcpy(host.data() + b * S * H * D, static_cast<char*>(o.p) + b * batch_stride * 2, slab,
+                                     cudaMemcpyDeviceToHost));
+  std::vector<double> out(host.size());
+  for (size_t i = 0; i < host.size(); ++i) out[i] = to_double(DType::bf16, host.data(), static_cast<int64_t>(i));
+  const DenseResults& ref = pr.reference(Precision::f64, false);
+  const DenseResults& naive = pr.reference(Precision::input, false);
+  EXPECT_TRUE(check_close("out", out, ref.out, naive.out, DType::bf16));
+}
+
+}  // namespace
+}  // namespace flashattn::testing

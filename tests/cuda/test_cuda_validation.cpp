@@ -1,0 +1,145 @@
+// Every CUDA-only refusal: plan() says ok = false with a reason naming the argument, forward()
+// throws flashattn::Error with the same reason, and nothing is written to the outputs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "gpu_test_support.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+ProblemConfig small(DType dt = DType::bf16, int64_t d = 64) {
+  ProblemConfig c;
+  c.dtype = dt;
+  c.batch = 2;
+  c.seqlen_q = 40;
+  c.seqlen_k = 50;
+  c.num_heads = 2;
+  c.num_heads_k = 2;
+  c.head_dim = d;
+  return c;
+}
+
+// Runs plan() and forward() on the params that `edit` produced and checks both refuse with a reason
+// containing `expect`, leaving out and lse untouched.
+void expect_refused(const ProblemConfig& cfg, const std::function<void(AttentionParams&, GpuProblem&)>& edit,
+                    const std::string& expect) {
+  Problem pr(cfg, fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  AttentionParams a = g.params();
+  edit(a, g);
+  const Plan pl = plan(a, Pass::forward);
+  EXPECT_FALSE(pl.ok) << "plan accepted a call it should refuse (" << expect << ")";
+  EXPECT_NE(pl.reason.find(expect), std::string::npos) << "reason: " << pl.reason;
+  try {
+    forward(a);
+    ADD_FAILURE() << "forward() did not throw (" << expect << ")";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << "message: " << e.what();
+  }
+  g.out.download();
+  g.lse.download();
+  EXPECT_TRUE(g.out.untouched("out"));
+  EXPECT_TRUE(g.lse.untouched("lse"));
+}
+
+TEST(CudaValidation, Fp32IsRefusedWithAdvice) {
+  FLASHATTN_REQUIRE_GPU();
+  expect_refused(small(DType::f32), [](AttentionParams&, GpuProblem&) {}, "q: expected fp16 or bf16 on cuda, got fp32");
+}
+
+TEST(CudaValidation, HeadDimNotMultipleOf8) {
+  FLASHATTN_REQUIRE_GPU();
+  expect_refused(small(DType::f16, 59), [](AttentionParams&, GpuProblem&) {}, "head_dim: expected a multiple of 8");
+}
+
+TEST(CudaValidation, HeadDimVNotMultipleOf8) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = small(DType::f16, 64);
+  c.head_dim_v = 44;
+  expect_refused(c, [](AttentionParams&, GpuProblem&) {}, "head_dim_v: expected a multiple of 8");
+}
+
+TEST(CudaValidation, HeadDim264) {
+  FLASHATTN_REQUIRE_GPU();
+  // validate() refuses it for every backend; the message still names head_dim.
+  expect_refused(small(DType::bf16, 264), [](AttentionParams&, GpuProblem&) {}, "head_dim");
+}
+
+TEST(CudaValidation, HostPointer) {
+  FLASHATTN_REQUIRE_GPU();
+  Problem host_pr(small(), fresh_seed());
+  expect_refused(small(), [&](AttentionParams& a, GpuProblem&) { a.k.data = host_pr.k.data(); },
+                 "k: expected a device pointer");
+}
+
+TEST(CudaValidation, HostAlibiSlopes) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = small();
+  c.alibi = Alibi::per_head;
+  static float slopes[2] = {0.5f, 0.25f};
+  expect_refused(c, [&](AttentionParams& a, GpuProblem&) { a.alibi_slopes.data = slopes; },
+                 "alibi_slopes: expected a device pointer");
+}
+
+TEST(CudaValidation, MisalignedPointer) {
+  FLASHATTN_REQUIRE_GPU();
+  expect_refused(small(), [](AttentionParams& a, GpuProblem&) { a.q.data = static_cast<char*>(a.q.data) + 2; },
+                 "q: expected a data pointer aligned to 16 bytes");
+}
+
+TEST(CudaValidation, RowStrideNotMultipleOf8) {
+  FLASHATTN_REQUIRE_GPU();
+  // v viewed with a row stride 4 elements longer than packed: still inside the buffer when the
+  // view has one row fewer.
+  expect_refused(small(), [](AttentionParams& a, GpuProblem&) {
+                   a.v.shape[1] = 40;
+                   a.k.shape[1] = 40;
+                   a.v.stride[1] += 4;
+                 },
+                 "v: expected the row stride to be a multiple of 8");
+}
+
+TEST(CudaValidation, OtherDevice) {
+  FLASHATTN_REQUIRE_GPU();
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  expect_refused(small(), [&](AttentionParams& a, GpuProblem&) {
+                   for (TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv})
+                     t->device_index = count;  // one past the last device
+                 },
+                 "expected tensors on the current CUDA device");
+}
+
+TEST(CudaValidation, DecreasingCuSeqlens) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = small();
+  c.lens_q = {10, 20};
+  c.lens_k = {10, 20};
+  expect_refused(c, [](AttentionParams&, GpuProblem& g) { g.cu_q.set({0, 25, 20}); },
+                 "cu_seqlens_q: expected non-decreasing values");
+}
+
+TEST(CudaValidation, CuSeqlensLongerThanHint) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = small();
+  c.lens_q = {10, 20};
+  c.lens_k = {10, 20};
+  expect_refused(c, [](AttentionParams& a, GpuProblem&) { a.max_seqlen_q = 15; },
+                 "cu_seqlens_q: expected every sequence length <= 15");
+}
+
+TEST(CudaValidation, PlanNamesTheKernel) {
+  FLASHATTN_REQUIRE_GPU();
+  Problem pr(small(DType::f16, 96), fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  const Plan pl = plan(g.params(), Pass::forward);
+  ASSERT_TRUE(pl.ok) << pl.reason;
+  EXPECT_EQ(pl.kernel, "cuda_fwd_sm80_mma_hdim128");
+}
+
+}  // namespace
+}  // namespace flashattn::testing
