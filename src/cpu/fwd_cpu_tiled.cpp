@@ -1,15 +1,21 @@
 // CPU forward: tiled FlashAttention-2 (Dao 2023, Alg. 1) with an online softmax.
 //
-// One work item is (batch, query head, block_m query rows). It walks only the key tiles that the
-// mask lets its rows see (tile_key_range()), computes S = Q Kᵀ with Eigen into a thread-local
-// fp32 tile, turns it into log2-domain logits (scale folded into Q, softcap, ALiBi, mask),
-// updates the running row max m and sum l, rescales the output accumulator by exp2(m_old − m_new)
-// (Alg. 1 lines 8–10) and accumulates O += P V with Eigen. fp16/bf16 tiles are converted to fp32
-// per tile; accumulation is always fp32. Items are independent, so the result does not depend on
-// the thread count or schedule (dynamic scheduling balances causal/varlen work).
+// One work item is (batch, query head, block_m query rows). It works on transposed tiles so that
+// queries run along the 16 vector lanes: Qᵀ (head_dim x block_m, scaled by softmax_scale · log2 e)
+// is built once per item, then for each key tile the mask lets the rows see (tile_key_range())
+//   Sᵀ = K Qᵀ                  block_n x block_m, K rows broadcast from the caller's tensor
+//   softcap / ALiBi / mask      in log2 units (finish_transposed)
+//   m_new = max(m, colmax Sᵀ),  alpha = exp2(m − m_new),  Pᵀ = exp2(Sᵀ − m_new),
+//   l = alpha · l + colsum Pᵀ    (Alg. 1 lines 8–10, every step a lane-wise vector op: no
+//                                horizontal reductions, one exp2 per score)
+//   Oᵀ = alpha · Oᵀ + Vᵀ Pᵀ      (the rescale fused into the product's epilogue)
+// and finally O = Oᵀᵀ / l, lse = (m + log2 l) · ln 2. fp16/bf16 K/V tiles are converted to fp32
+// per tile; accumulation is always fp32. Items are independent, so results do not depend on the
+// thread count or schedule (dynamic scheduling balances causal and varlen work).
 #include <string>
 
 #include "common/backends.hpp"
+#include "cpu/gemm_kernel.hpp"
 #include "cpu/tile_common.hpp"
 #include "cpu/tile_traits.hpp"
 
@@ -18,70 +24,92 @@ namespace flashattn::cpu {
 namespace {
 
 using namespace tiled;
+using simd::V16;
 
 struct FwdScratch {
-  std::vector<float> q, k, v, s, o, m, l;
-  FwdScratch(int64_t bm, int64_t bn, int64_t d, int64_t dv)
-      : q(bm * d), k(bn * d), v(bn * dv), s(bm * bn), o(bm * dv), m(bm), l(bm) {}
+  std::vector<float> qt, k, v, st, ot, m, l, alpha, tmp;
+  std::vector<detail::KeyRange> kr;
+  FwdScratch(int64_t bm, int64_t bn, int64_t d, int64_t dv) {
+    const int64_t w = simd::round_up(bm, simd::kLanes);
+    qt.resize(d * w);
+    k.resize(bn * d);
+    v.resize(bn * dv);
+    st.resize(bn * w);
+    ot.resize(dv * w);
+    m.resize(w);
+    l.resize(w);
+    alpha.resize(w);
+    tmp.resize(std::max(d, dv));
+    kr.resize(w);
+  }
 };
+
+// Online softmax over one Sᵀ tile (nc key rows x w query lanes), in place: Sᵀ becomes Pᵀ, and m,
+// l, alpha are updated lane-wise. A lane that has seen no key keeps m = −inf: exp2 of the NaN
+// from −inf − (−inf) is 0 (simd::exp2), so P, alpha and l stay 0 and no NaN escapes.
+void online_softmax(float* st, int64_t nc, int64_t w, float* m, float* l, float* alpha) {
+  for (int64_t c = 0; c < w; c += simd::kLanes) {
+    V16 mx = simd::bcast(simd::kNegInf);
+    for (int64_t r = 0; r < nc; ++r) mx = simd::max(mx, simd::load(st + r * w + c));
+    const V16 m_old = simd::load(m + c);
+    const V16 m_new = simd::max(m_old, mx);
+    const V16 a = simd::exp2(simd::sub(m_old, m_new));
+    V16 sum = simd::zero();
+    for (int64_t r = 0; r < nc; ++r) {
+      const V16 e = simd::exp2(simd::sub(simd::load(st + r * w + c), m_new));
+      simd::store(st + r * w + c, e);
+      sum = simd::add(sum, e);
+    }
+    simd::store(m + c, m_new);
+    simd::store(alpha + c, a);
+    simd::store(l + c, simd::fmadd(a, simd::load(l + c), sum));
+  }
+}
 
 void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, FwdScratch& w) {
   const int64_t d = p.head_dim, dv = p.head_dim_v, bn = ts.block_n;
   const Seq sq = sequence(p, it.b);
   const int64_t h = it.h, kvh = h / (p.num_heads / p.num_heads_k);
   const int64_t m0 = it.r0, mr = std::min(ts.block_m, sq.len_q - m0);
-  const ScorePolicy sp = score_policy(p, it.b, h, /*scale_q=*/true);
+  const int64_t wl = simd::round_up(mr, simd::kLanes);
+  const ScorePolicy sp = score_policy(p, sq, h, /*scale_q=*/true);
 
   const Operand q = operand(p, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, it.b, sq.q_start, h);
   const Operand k = operand(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, it.b, sq.k_start, kvh);
   const Operand v = operand(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, it.b, sq.k_start, kvh);
 
-  const TileView qt = load_tile(p.dtype, q, m0, mr, d, w.q.data(), sp.q_mult, /*allow_in_place=*/false);
-  const ConstTile qm = ctile(qt.data, mr, d, qt.ld);
-  Tile o = tile(w.o.data(), mr, dv, dv);
-  o.setZero();
-  float* m = w.m.data();
-  float* l = w.l.data();
-  std::fill(m, m + mr, simd::kNegInf);
-  std::fill(l, l + mr, 0.0f);
+  transpose_rows_padded(p.dtype, q, m0, mr, d, w.qt.data(), wl, sp.q_mult, w.tmp.data());
+  for (int64_t r = 0; r < mr; ++r) w.kr[r] = detail::visible_keys(p, m0 + r, sq.len_q, sq.len_k);
+  std::fill(w.ot.begin(), w.ot.begin() + dv * wl, 0.0f);
+  std::fill(w.m.begin(), w.m.begin() + wl, simd::kNegInf);
+  std::fill(w.l.begin(), w.l.begin() + wl, 0.0f);
 
   const detail::KeyRange keys = tile_key_range(p, sq, m0, mr);
   for (int64_t n0 = keys.lo; n0 < keys.hi; n0 += bn) {
     const int64_t nc = std::min(bn, keys.hi - n0);
-    const TileView kt = load_tile(p.dtype, k, n0, nc, d, w.k.data());
-    const TileView vt = load_tile(p.dtype, v, n0, nc, dv, w.v.data());
-    Tile s = tile(w.s.data(), mr, nc, bn);
-    s.noalias() = qm * ctile(kt.data, nc, d, kt.ld).transpose();
+    const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data());
+    const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data());
+    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qt.data(), wl, w.st.data(), wl);
     const bool mask = !tile_fully_visible(p, sq, m0, mr, n0, nc);
-    finish_scores(p, sq, sp, m0, mr, n0, nc, w.s.data(), bn, nullptr, mask);
-
-    for (int64_t r = 0; r < mr; ++r) {
-      float* row = w.s.data() + r * bn;
-      const float m_new = std::max(m[r], simd::row_max(row, nc));
-      if (m_new == simd::kNegInf) {  // no visible key yet: P = 0, avoid −inf − (−inf)
-        std::fill(row, row + nc, 0.0f);
-        continue;
-      }
-      const float alpha = simd::exp2_scalar(m[r] - m_new);  // m[r] = −inf gives 0
-      const float sum = simd::exp2_shift_sum(row, nc, m_new);
-      l[r] = l[r] * alpha + sum;
-      if (alpha != 1.0f) o.row(r) *= alpha;
-      m[r] = m_new;
-    }
-    o.noalias() += s * ctile(vt.data, nc, dv, vt.ld);
+    finish_transposed(sq, sp, m0, mr, wl, n0, nc, w.st.data(), nullptr, w.kr.data(), mask);
+    online_softmax(w.st.data(), nc, wl, w.m.data(), w.l.data(), w.alpha.data());
+    gemm::gemm<gemm::Op::scale>(dv, wl, nc, vt.data, 1, vt.ld, w.st.data(), wl, w.ot.data(), wl, w.alpha.data());
   }
 
-  // O = O / l, lse = ln(l) + m (m in log2 units). Rows that saw no key: out 0, lse −inf.
+  // O = Oᵀᵀ / l, lse = ln(l) + m (m in log2 units). Rows that saw no key: out 0, lse −inf.
   const int64_t es = static_cast<int64_t>(dtype_size(p.dtype));
   char* out = static_cast<char*>(p.out) +
               (it.b * p.o_batch_stride + (sq.q_start + m0) * p.o_row_stride + h * p.o_head_stride) * es;
   float* lse = p.lse ? p.lse + it.b * p.lse_batch_stride + h * p.lse_head_stride +
                            (sq.q_start + m0) * p.lse_row_stride
                      : nullptr;
+  float* row = w.tmp.data();
   for (int64_t r = 0; r < mr; ++r) {
-    const bool empty = l[r] == 0.0f;
-    simd::store_row(p.dtype, w.o.data() + r * dv, out + r * p.o_row_stride * es, dv, empty ? 0.0f : 1.0f / l[r]);
-    if (lse) lse[r * p.lse_row_stride] = empty ? simd::kNegInf : (m[r] + std::log2(l[r])) * kLn2;
+    const float l = w.l[r];
+    const bool empty = l == 0.0f;
+    for (int64_t y = 0; y < dv; ++y) row[y] = w.ot[y * wl + r];
+    simd::store_row(p.dtype, row, out + r * p.o_row_stride * es, dv, empty ? 0.0f : 1.0f / l);
+    if (lse) lse[r * p.lse_row_stride] = empty ? simd::kNegInf : (w.m[r] + std::log2(l)) * kLn2;
   }
 }
 
@@ -98,7 +126,7 @@ void forward(const detail::Params& p) {
   const std::vector<WorkItem> items = work_items(p, p.num_heads, ts.block_m, /*use_q=*/true);
   if (items.empty()) return;
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(p), static_cast<int64_t>(items.size())));
-  // Scratch allocated before the parallel region so that an allocation failure throws here
+  // Scratch is allocated before the parallel region so that an allocation failure throws here
   // instead of terminating inside OpenMP.
   std::vector<FwdScratch> scratch;
   scratch.reserve(threads);

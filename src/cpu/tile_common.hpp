@@ -1,16 +1,12 @@
-// Pieces shared by the CPU forward and backward: strided tile access in any dtype, Eigen views,
-// the score policy (scale, softcap, ALiBi, mask) applied to one score tile, and the key/query
-// ranges a tile needs (from visible_keys(), the single mask definition).
+// Pieces shared by the CPU forward and backward: strided operand access in any dtype, tile
+// copies and transposes into padded fp32 buffers, the score policy (scale, softcap, ALiBi, mask)
+// applied to a score tile in either orientation, and the key/query ranges a tile needs (from
+// visible_keys(), the single mask definition).
 #pragma once
-
-// The CPU backend parallelizes over tiles itself; Eigen must never spawn threads of its own.
-#ifndef EIGEN_DONT_PARALLELIZE
-#define EIGEN_DONT_PARALLELIZE
-#endif
 
 #include <omp.h>
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,19 +17,8 @@
 
 namespace flashattn::cpu::tiled {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Tile = Eigen::Map<RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
-using ConstTile = Eigen::Map<const RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
-
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
-
-inline Tile tile(float* data, int64_t rows, int64_t cols, int64_t ld) {
-  return Tile(data, rows, cols, Eigen::OuterStride<>(ld));
-}
-inline ConstTile ctile(const float* data, int64_t rows, int64_t cols, int64_t ld) {
-  return ConstTile(data, rows, cols, Eigen::OuterStride<>(ld));
-}
 
 inline int num_threads(const detail::Params& p) {
   return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
@@ -55,19 +40,38 @@ inline Operand operand(const detail::Params& p, const void* data, int64_t batch_
   return {static_cast<const char*>(data) + off * es, row_stride, es};
 }
 
-// A tile of `rows` rows starting at row r0, as fp32 with leading dimension ld. fp32 operands
-// without a multiplier are read in place (Eigen packs strided panels itself); others are
-// converted into `buf` (rows x dim, ld = dim).
-struct TileView {
+// Rows [r0, r0 + rows) of an operand as fp32 with leading dimension ld = dim, converted (or, for
+// fp32, copied) into buf. The copy matters for fp32 too: a [batch, seqlen, heads, dim] tensor puts
+// consecutive rows heads·dim·4 bytes apart (e.g. 2 KiB), which maps a whole key tile onto two
+// L1 sets; the product that walks V rows then missed L1 on every step (measured: the P·V product
+// took 25% longer than Q·Kᵀ before the copy).
+struct RowsF32 {
   const float* data;
   int64_t ld;
 };
-inline TileView load_tile(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* buf,
-                          float mult = 1.0f, bool allow_in_place = true) {
-  if (dt == DType::f32 && mult == 1.0f && allow_in_place)
-    return {static_cast<const float*>(src.row(r0)), src.row_stride};
-  for (int64_t r = 0; r < rows; ++r) simd::load_row(dt, src.row(r0 + r), buf + r * dim, dim, mult);
+inline RowsF32 rows_f32(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* buf) {
+  for (int64_t r = 0; r < rows; ++r) simd::load_row(dt, src.row(r0 + r), buf + r * dim, dim, 1.0f);
   return {buf, dim};
+}
+
+// dst[r][x] = src[r0 + r][x] for x < dim, 0 for dim <= x < ld (a padded row-major copy).
+inline void copy_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* dst,
+                             int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    simd::load_row(dt, src.row(r0 + r), dst + r * ld, dim, 1.0f);
+    std::fill(dst + r * ld + dim, dst + (r + 1) * ld, 0.0f);
+  }
+}
+
+// dst[x][r] = mult · src[r0 + r][x] for r < rows, 0 for rows <= r < ld (a padded transpose).
+// Done once per work item, so a scalar scatter is cheap next to the item's products.
+inline void transpose_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim,
+                                  float* dst, int64_t ld, float mult, float* tmp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    simd::load_row(dt, src.row(r0 + r), tmp, dim, mult);
+    for (int64_t x = 0; x < dim; ++x) dst[x * ld + r] = tmp[x];
+  }
+  for (int64_t x = 0; x < dim; ++x) std::fill(dst + x * ld + rows, dst + (x + 1) * ld, 0.0f);
 }
 
 // Per-sequence geometry.
@@ -82,24 +86,26 @@ inline Seq sequence(const detail::Params& p, int64_t b) {
 //   no softcap: s2 = raw · s_mult                       (s_mult · q_mult = softmax_scale · log2 e)
 //   softcap:    t = tanh(raw · s_mult), s2 = t · cap2    (s_mult · q_mult = softmax_scale / softcap)
 //   ALiBi adds −slope · |i + offset − j| · log2 e; masked entries become −inf.
-// The forward folds the scale into its Q tile (q_mult), the backward keeps Q unscaled for dK.
+// The forward folds the scale into its Qᵀ tile (q_mult); the backward keeps Q unscaled for dK.
 struct ScorePolicy {
   float q_mult = 1.0f;
   float s_mult = 1.0f;
   float cap2 = 0.0f;    // softcap · log2 e, 0 = off
-  float slope2 = 0.0f;  // ALiBi slope · log2 e of this (batch, head), 0 = off
+  float slope2 = 0.0f;  // ALiBi slope · log2 e of this (batch, head)
   bool alibi = false;
+  int64_t offset = 0;   // i + offset − j is the distance to the diagonal
 };
 
-inline ScorePolicy score_policy(const detail::Params& p, int64_t b, int64_t h, bool scale_q) {
+inline ScorePolicy score_policy(const detail::Params& p, const struct Seq& sq, int64_t h, bool scale_q) {
   ScorePolicy sp;
   const float total = p.softcap > 0.0f ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
   if (scale_q) sp.q_mult = total; else sp.s_mult = total;
   if (p.softcap > 0.0f) sp.cap2 = p.softcap * kLog2e;
   if (p.alibi_slopes) {
     sp.alibi = true;
-    sp.slope2 = p.alibi_slopes[b * p.alibi_batch_stride + h] * kLog2e;
+    sp.slope2 = p.alibi_slopes[sq.b * p.alibi_batch_stride + h] * kLog2e;
   }
+  sp.offset = p.align_bottom_right ? sq.len_k - sq.len_q : 0;
   return sp;
 }
 
@@ -112,37 +118,66 @@ inline bool tile_fully_visible(const detail::Params& p, const Seq& sq, int64_t m
   return last.lo <= n0 && first.hi >= n0 + nc && first.lo < first.hi;
 }
 
-// Applies the score policy to the tile S (rows m0.., keys n0..), in place. tanh_out (ld as S)
-// receives t when softcap is on and tanh_out != nullptr (the backward's chain rule).
-inline void finish_scores(const detail::Params& p, const Seq& sq, const ScorePolicy& sp, int64_t m0, int64_t mr,
-                          int64_t n0, int64_t nc, float* s, int64_t lds, float* tanh_out, bool mask) {
-  const bool scale = sp.s_mult != 1.0f;
-  if (!scale && sp.cap2 == 0.0f && !sp.alibi && !mask) return;
-  const int64_t offset = p.align_bottom_right ? sq.len_k - sq.len_q : 0;
+// Scale and softcap over a whole contiguous tile of n floats; t receives tanh when softcap is on
+// and t != nullptr (the backward's chain rule). Eigen's tanh is vectorized.
+inline void scale_and_cap(const ScorePolicy& sp, float* s, int64_t n, float* t) {
+  Eigen::Map<Eigen::ArrayXf> a(s, n);
+  if (sp.cap2 > 0.0f) {
+    a = (a * sp.s_mult).tanh();
+    if (t) Eigen::Map<Eigen::ArrayXf>(t, n) = a;
+    a *= sp.cap2;
+  } else if (sp.s_mult != 1.0f) {
+    a *= sp.s_mult;
+  }
+}
+
+// Natural orientation: row r is query m0 + r, lane j is key n0 + j (nc valid of np lanes; the
+// padding lanes become −inf so that P = 0 there). s has row stride np.
+inline void finish_natural(const detail::Params& p, const Seq& sq, const ScorePolicy& sp, int64_t m0, int64_t mr,
+                           int64_t n0, int64_t nc, int64_t np, float* s, float* t, bool mask) {
+  scale_and_cap(sp, s, mr * np, t);
   for (int64_t r = 0; r < mr; ++r) {
-    float* row = s + r * lds;
-    if (sp.cap2 > 0.0f) {
-      Eigen::Map<Eigen::ArrayXf> a(row, nc);
-      a = (a * sp.s_mult).tanh();
-      if (tanh_out) Eigen::Map<Eigen::ArrayXf>(tanh_out + r * lds, nc) = a;
-      a *= sp.cap2;
-    } else if (scale) {
-      Eigen::Map<Eigen::ArrayXf>(row, nc) *= sp.s_mult;
-    }
-    const int64_t i = m0 + r;
+    float* row = s + r * np;
     if (sp.alibi) {
       // |i + offset − j| in float is exact below 2^24 (sequence lengths are far smaller).
-      const float diag = static_cast<float>(i + offset - n0);
+      const float diag = static_cast<float>(m0 + r + sp.offset - n0);
       const float sl = sp.slope2;
 #pragma omp simd
       for (int64_t j = 0; j < nc; ++j) row[j] -= sl * std::fabs(diag - static_cast<float>(j));
     }
+    int64_t lo = 0, hi = nc;
     if (mask) {
-      const detail::KeyRange kr = detail::visible_keys(p, i, sq.len_q, sq.len_k);
-      const int64_t lo = std::clamp<int64_t>(kr.lo - n0, 0, nc);
-      const int64_t hi = std::clamp<int64_t>(kr.hi - n0, lo, nc);
-      std::fill(row, row + lo, simd::kNegInf);
-      std::fill(row + hi, row + nc, simd::kNegInf);
+      const detail::KeyRange kr = detail::visible_keys(p, m0 + r, sq.len_q, sq.len_k);
+      lo = std::clamp<int64_t>(kr.lo - n0, 0, nc);
+      hi = std::clamp<int64_t>(kr.hi - n0, lo, nc);
+    }
+    std::fill(row, row + lo, simd::kNegInf);
+    std::fill(row + hi, row + np, simd::kNegInf);
+  }
+}
+
+// Transposed orientation: row r is key n0 + r, lane l is query m0 + l (mr valid of w lanes);
+// kr[l] are the lanes' visible key ranges. In a masked tile the padding lanes become −inf too.
+inline void finish_transposed(const Seq& sq, const ScorePolicy& sp, int64_t m0, int64_t mr, int64_t w, int64_t n0,
+                              int64_t nc, float* s, float* t, const detail::KeyRange* kr, bool mask) {
+  (void)sq;
+  scale_and_cap(sp, s, nc * w, t);
+  int64_t a = 0, z = 0;  // lanes [a, z) see the current key (bounds nondecreasing in the lane)
+  for (int64_t r = 0; r < nc; ++r) {
+    float* row = s + r * w;
+    const int64_t key = n0 + r;
+    if (sp.alibi) {
+      const float diag = static_cast<float>(m0 + sp.offset - key);
+      const float sl = sp.slope2;
+#pragma omp simd
+      for (int64_t l = 0; l < w; ++l) row[l] -= sl * std::fabs(diag + static_cast<float>(l));
+    }
+    if (mask) {
+      while (a < mr && kr[a].hi <= key) ++a;
+      while (z < mr && kr[z].lo <= key) ++z;
+      const int64_t hi = std::max(a, z);
+      std::fill(row, row + a, simd::kNegInf);
+      std::fill(row + hi, row + w, simd::kNegInf);
     }
   }
 }
@@ -177,8 +212,8 @@ struct WorkItem {
   int64_t b, h, r0;
 };
 
-// All (batch, head, tile) items, tile rows taken from seqlen_q (use_q) or seqlen_k, in
-// (batch, head, tile) order so that neighbouring items share K/V (or Q) in cache.
+// All (batch, head, tile) items, tiles over seqlen_q (use_q) or seqlen_k, in (batch, head, tile)
+// order so that neighbouring items share K/V (or Q) in cache.
 inline std::vector<WorkItem> work_items(const detail::Params& p, int64_t heads, int64_t block, bool use_q) {
   std::vector<WorkItem> items;
   for (int64_t b = 0; b < p.batch; ++b) {

@@ -1,0 +1,108 @@
+// The one matrix-product shape every CPU attention GEMM is written in:
+//
+//   C[r][l] (op)= Σ_{k < depth} A(r, k) · B[k][l]      r < rows, l < lanes (a multiple of 16)
+//
+// A is read element by element and broadcast (A(r, k) = a[r·a_rs + k·a_ks], any strides, so Q,
+// K, V rows of the caller's tensors are used in place), B and C are row-major with vector rows.
+// Writing attention in this form (S = Q Kᵀ as Sᵀ = K Qᵀ, O = P V as Oᵀ = Vᵀ Pᵀ, ...) means the
+// only repacking is one transpose per work item, never one per tile pair.
+//
+// Why not Eigen here: Eigen 3.4's gebp uses a 48x4 register block on AVX-512 (12 of 32 zmm
+// registers) and repacks both operands on every call; profiled on this machine it spent 19% of
+// the forward in packing and reached ~53% of the fp32 FMA peak. The R x C block below keeps
+// R·C accumulators in registers, loads C vectors of B and broadcasts R scalars of A per step.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/simd.hpp"
+
+namespace flashattn::cpu::gemm {
+
+enum class Op {
+  store,  // C = A·B
+  add,    // C += A·B
+  scale,  // C = diag(scale over lanes) · C + A·B (the online softmax rescale, FA-2 Alg. 1 line 10)
+};
+
+// Register block: kR rows x kC vectors (16 lanes each) = 16 accumulators of 32 zmm registers.
+// 8 x 2 keeps the loads per step (2 vector + 8 broadcast) under the 2 FMAs/cycle x 8 cycles it
+// feeds, and divides the usual tile edges (64, 128) exactly.
+inline constexpr int kR = 8;
+inline constexpr int kC = 2;
+
+template <int R, int C, Op op>
+inline void micro_kernel(const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs, int64_t depth,
+                         float* c, int64_t c_rs, const float* scale) {
+  using namespace simd;
+  V16 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) acc[r][j] = zero();
+  for (int64_t k = 0; k < depth; ++k) {
+    V16 bv[C];
+    for (int j = 0; j < C; ++j) bv[j] = load(b + k * b_rs + j * kLanes);
+    const float* ak = a + k * a_ks;
+    for (int r = 0; r < R; ++r) {
+      const V16 av = bcast(ak[r * a_rs]);
+      for (int j = 0; j < C; ++j) acc[r][j] = fmadd(av, bv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      float* cp = c + r * c_rs + j * kLanes;
+      if constexpr (op == Op::store) {
+        store(cp, acc[r][j]);
+      } else if constexpr (op == Op::add) {
+        store(cp, add(load(cp), acc[r][j]));
+      } else {
+        store(cp, fmadd(load(scale + j * kLanes), load(cp), acc[r][j]));
+      }
+    }
+  }
+}
+
+template <int R, Op op>
+inline void row_block(int64_t vecs, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs,
+                      int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  int64_t v = 0;
+  for (; v + kC <= vecs; v += kC)
+    micro_kernel<R, kC, op>(a, a_rs, a_ks, b + v * simd::kLanes, b_rs, depth, c + v * simd::kLanes, c_rs,
+                            scale ? scale + v * simd::kLanes : nullptr);
+  if (v < vecs)  // kC = 2: at most one vector left
+    micro_kernel<R, 1, op>(a, a_rs, a_ks, b + v * simd::kLanes, b_rs, depth, c + v * simd::kLanes, c_rs,
+                           scale ? scale + v * simd::kLanes : nullptr);
+}
+
+template <Op op, int R = kR>
+inline void tail_rows(int64_t left, int64_t vecs, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                      int64_t b_rs, int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  if constexpr (R > 1) {
+    if (left == R - 1) {
+      row_block<R - 1, op>(vecs, a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+      return;
+    }
+    tail_rows<op, R - 1>(left, vecs, a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+  }
+}
+
+// C (rows x lanes, row stride c_rs) op= A (rows x depth, strides a_rs, a_ks) · B (depth x lanes,
+// row stride b_rs). lanes must be a multiple of 16; scale (lanes floats) is read only for Op::scale.
+// Lane panels run in the outer loop so that a B panel (depth x kC vectors) stays in L1 while
+// every row block of A streams past it.
+template <Op op>
+inline void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int64_t a_rs, int64_t a_ks,
+                 const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr) {
+  const int64_t vecs = lanes / simd::kLanes;
+  for (int64_t v0 = 0; v0 < vecs; v0 += kC) {
+    const int64_t pv = std::min<int64_t>(kC, vecs - v0);
+    const int64_t off = v0 * simd::kLanes;
+    const float* sc = scale ? scale + off : nullptr;
+    int64_t r = 0;
+    for (; r + kR <= rows; r += kR)
+      row_block<kR, op>(pv, a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
+    if (r < rows)
+      tail_rows<op>(rows - r, pv, a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
+  }
+}
+
+}  // namespace flashattn::cpu::gemm
