@@ -11,6 +11,10 @@
 // a row with one visible key is exact in any precision). fp32 uses 1e-5, the usual budget for a
 // float32-accumulated softmax over a few thousand keys. NaN or ±inf where the reference is finite
 // never passes; −inf (lse of a row that sees no key) must match −inf exactly.
+// The floor scales with max(max|ref64|, magnitude): gradients pass magnitude = the largest |ref|
+// over dq, dk and dv of the call, because a gradient can cancel to exactly 0 (every row seeing a
+// single key has dS = P (dP − D) = 0) while ours carries the rounding noise of dP − D, whose terms
+// are as large as the sibling gradients; both naive and max|ref64| are 0 there.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -251,10 +256,10 @@ inline double floor_rel(DType dtype) {
 
 // ours, ref64 and naive are the same elements in the same order. Passes iff every element where
 // ref64 is finite has a finite `ours`, −inf in ref64 is −inf in ours, and
-// max|ours − ref64| ≤ 2·max|naive − ref64| + floor_rel(dtype)·max|ref64|.
+// max|ours − ref64| ≤ 2·max|naive − ref64| + floor_rel(dtype)·max(max|ref64|, magnitude).
 inline ::testing::AssertionResult check_close(const std::string& name, const std::vector<double>& ours,
                                               const std::vector<double>& ref64, const std::vector<double>& naive,
-                                              DType dtype) {
+                                              DType dtype, double magnitude = 0.0) {
   if (ours.size() != ref64.size() || naive.size() != ref64.size()) {
     return ::testing::AssertionFailure() << name << ": size mismatch (ours " << ours.size() << ", ref "
                                          << ref64.size() << ", naive " << naive.size() << ")";
@@ -285,14 +290,14 @@ inline ::testing::AssertionResult check_close(const std::string& name, const std
     }
     if (std::isfinite(naive[i])) naive_err = std::max(naive_err, std::fabs(naive[i] - r));
   }
-  const double floor = floor_rel(dtype) * max_ref;
+  const double floor = floor_rel(dtype) * std::max(max_ref, magnitude);
   const double allowed = 2.0 * naive_err + floor;
   std::ostringstream msg;
   msg << name << " (" << dtype_name(dtype) << ", " << ref64.size() << " elements): max|ours - ref| = " << err;
   if (!ref64.empty()) msg << " at index " << worst << " (ours " << ours[worst] << ", ref " << ref64[worst] << ")";
   msg << ", relative to max|ref| = " << max_ref << ": " << (max_ref > 0 ? err / max_ref : 0.0)
       << "; naive " << dtype_name(dtype) << " error " << naive_err << "; allowed 2*naive + " << floor_rel(dtype)
-      << "*max|ref| = " << allowed;
+      << "*max(max|ref|, magnitude " << magnitude << ") = " << allowed;
   if (nonfinite || inf_mismatch) {
     msg << "; " << nonfinite << " NaN/inf where the reference is finite, " << inf_mismatch
         << " not -inf where the reference is -inf (first at index " << first_bad << ", ours " << ours[first_bad]
@@ -301,6 +306,15 @@ inline ::testing::AssertionResult check_close(const std::string& name, const std
   }
   if (err > allowed) return ::testing::AssertionFailure() << msg.str();
   return ::testing::AssertionSuccess() << msg.str();
+}
+
+// Largest |x| over several dense arrays (the `magnitude` of check_close for gradients).
+inline double max_abs(std::initializer_list<const std::vector<double>*> arrays) {
+  double m = 0.0;
+  for (const std::vector<double>* a : arrays)
+    for (double x : *a)
+      if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
 }
 
 // Bitwise equality of two tensors' storage, with a message naming the first difference.
