@@ -193,7 +193,9 @@ TEST(Safetensors, MalformedFiles) {
   expect_st_error(safetensors_with_header(R"({"q": {"dtype": "F32", "data_offsets": [0, 4]}})", 4), "'shape'");
   expect_st_error(safetensors_with_header(R"({"q": {"dtype": "F32", "shape": [1]}})", 4), "data_offsets");
   expect_st_error(safetensors_with_header(R"({"q": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}})", 4),
-                  "unknown dtype 'F33'");
+                  "has dtype F33", "q");
+  expect_st_error(safetensors_with_header(R"({"q": {"dtype": "", "shape": [1], "data_offsets": [0, 4]}})", 4),
+                  "malformed dtype");
   expect_st_error(safetensors_with_header(R"({"q": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4),
                   "non-negative integer");
   expect_st_error(safetensors_with_header(R"({"q": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4]}})", 4),

@@ -241,14 +241,13 @@ std::vector<uint8_t> write_npy(const HostTensor& tensor) {
   dict.append(header_len - dict.size() - 1, ' ');
   dict += '\n';
 
-  std::vector<uint8_t> out;
-  out.reserve(total + tensor.data.size());
-  out.insert(out.end(), kMagic, kMagic + kMagicLen);
-  out.push_back(len_bytes == 2 ? 1 : 2);
-  out.push_back(0);
-  for (std::size_t i = 0; i < len_bytes; ++i) out.push_back(static_cast<uint8_t>(header_len >> (8 * i)));
-  out.insert(out.end(), dict.begin(), dict.end());
-  out.insert(out.end(), tensor.data.begin(), tensor.data.end());
+  std::vector<uint8_t> out(total + tensor.data.size());
+  std::memcpy(out.data(), kMagic, kMagicLen);
+  out[kMagicLen] = len_bytes == 2 ? 1 : 2;
+  out[kMagicLen + 1] = 0;
+  for (std::size_t i = 0; i < len_bytes; ++i) out[kMagicLen + 2 + i] = static_cast<uint8_t>(header_len >> (8 * i));
+  std::memcpy(out.data() + prefix, dict.data(), dict.size());
+  if (!tensor.data.empty()) std::memcpy(out.data() + total, tensor.data.data(), tensor.data.size());
   return out;
 }
 

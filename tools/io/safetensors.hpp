@@ -1,8 +1,8 @@
 // safetensors files (Hugging Face's format): an 8-byte little-endian header length N, N bytes of
 // JSON {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
 // "__metadata__": {...}} (possibly padded with spaces), then the data buffer; offsets are relative
-// to the buffer. Supported element types for reading tensors: F32, F16, BF16, I32; other standard
-// dtypes are parsed and validated but give an error when a tensor of that dtype is requested.
+// to the buffer. Supported element types for reading tensors: F32, F16, BF16, I32; entries of other
+// dtypes are validated (offsets; sizes where the dtype is known) and refused only when requested.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +25,7 @@ class SafetensorsFile {
   };
 
   // Parses and validates the header: its length within the file, valid JSON object, each entry's
-  // dtype known, shape non-negative and not overflowing, offsets in range, sized to the shape and
+  // shape non-negative and not overflowing, offsets in range, sized to the shape (known dtypes) and
   // not overlapping. Throws flashattn::Error.
   SafetensorsFile(const uint8_t* bytes, std::size_t size);
 

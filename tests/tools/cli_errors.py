@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The flashattn CLI on bad arguments and bad files: each gives exactly one stderr line starting
+with "flashattn: error: " that names the problem, a non-zero exit that is not a signal, and writes
+no output file. Also a few good calls, so that the errors are not all the program can do.
+
+Usage: cli_errors.py PATH/TO/flashattn   (standard library only: runs without numpy)
+"""
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+CLI = sys.argv[1]
+failures = []
+
+
+def npy(descr, shape, payload, fortran=False, version=1):
+    shape_txt = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    header = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, shape_txt)
+    prefix = 10 if version == 1 else 12
+    header += " " * ((64 - (prefix + len(header) + 1) % 64) % 64) + "\n"
+    length = struct.pack("<H" if version == 1 else "<I", len(header))
+    return b"\x93NUMPY" + bytes([version, 0]) + length + header.encode() + payload
+
+
+def f32(n):
+    return struct.pack("<%df" % n, *[random.gauss(0, 1) for _ in range(n)])
+
+
+def safetensors(tensors, raw_header=None, raw_data=b""):
+    """tensors: list of (name, dtype, shape, payload); or a raw header and data buffer."""
+    header, data = {}, b""
+    for name, dtype, shape, payload in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    text = raw_header if raw_header is not None else json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data + raw_data
+
+
+def write(d, name, data):
+    path = os.path.join(d, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def run(args):
+    return subprocess.run([CLI] + args, capture_output=True, text=True, timeout=120)
+
+
+def expect_error(label, args, needle, out_dir):
+    before = set(os.listdir(out_dir))
+    r = run(args)
+    lines = r.stderr.splitlines()
+    problems = []
+    if r.returncode <= 0 or r.returncode >= 128:
+        problems.append("exit code %d (want 1..127)" % r.returncode)
+    if len(lines) != 1 or not lines[0].startswith("flashattn: error: "):
+        problems.append("stderr is not one 'flashattn: error: ' line: %r" % r.stderr[:500])
+    elif needle.lower() not in lines[0].lower():
+        problems.append("message lacks %r: %s" % (needle, lines[0]))
+    written = set(os.listdir(out_dir)) - before
+    if written:
+        problems.append("wrote %s" % sorted(written))
+    if problems:
+        failures.append(label)
+        print("FAIL %-40s %s" % (label, "; ".join(problems)))
+    else:
+        print("ok   %-40s %s" % (label, lines[0]))
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        out_dir = os.path.join(d, "out")
+        os.mkdir(out_dir)
+        o = lambda name: os.path.join(out_dir, name)
+        B, S, H, D = 1, 8, 2, 16
+        n = B * S * H * D
+        q = write(d, "q.npy", npy("<f4", (B, S, H, D), f32(n)))
+        k = write(d, "k.npy", npy("<f4", (B, S, H, D), f32(n)))
+        v = write(d, "v.npy", npy("<f4", (B, S, H, D), f32(n)))
+        dout = write(d, "dout.npy", npy("<f4", (B, S, H, D), f32(n)))
+        qkv = ["run", "--k", k, "--v", v]
+
+        def bad_q(label, data, needle):
+            path = write(d, label.replace(" ", "_") + ".npy", data)
+            expect_error(label, qkv + ["--q", path, "--out", o("out.npy")], needle, out_dir)
+
+        good = npy("<f4", (B, S, H, D), f32(n))
+        expect_error("file not found", qkv + ["--q", os.path.join(d, "missing.npy"), "--out", o("o.npy")],
+                     "cannot open", out_dir)
+        expect_error("directory as input", qkv + ["--q", d, "--out", o("o.npy")], "cannot read", out_dir)
+        bad_q("empty file", b"", "truncated")
+        bad_q("not npy", b"PK\x03\x04 this is a zip file", "magic")
+        bad_q("truncated header", good[:40], "truncated header")
+        bad_q("bad version", b"\x93NUMPY\x07\x00" + good[8:], "format version 7.0")
+        bad_q("short data", good[:-4], "wrong data length")
+        bad_q("long data", good + b"\0\0\0\0", "wrong data length")
+        bad_q("float64", npy("<f8", (B, S, H, D), b"\0" * (8 * n)), "unsupported dtype '<f8'")
+        bad_q("bf16 as void", npy("<V2", (B, S, H, D), b"\0" * (2 * n)), "bf16 needs a .safetensors")
+        bad_q("big-endian", npy(">f4", (B, S, H, D), f32(n)), "big-endian")
+        bad_q("fortran order", npy("<f4", (B, S, H, D), f32(n), fortran=True), "fortran_order")
+        bad_q("malformed dict", good.replace(b"'shape'", b"'shapf'"), "unexpected key")
+        bad_q("shape overflow", npy("<f4", (1 << 40, 1 << 40, 1 << 40), b""), "overflow")
+        bad_q("huge shape", npy("<f4", (1 << 30, 1 << 30), b""), "wrong data length")
+        bad_q("rank 2", npy("<f4", (S, H * D), f32(n)), "q: expected")
+        bad_q("rank 5", npy("<f4", (1, B, S, H, D), f32(n)), "q: expected")
+        bad_q("head_dim mismatch", npy("<f4", (B, S, H, D // 2), f32(n // 2)), "head_dim")
+        bad_q("dtype mismatch", npy("<f2", (B, S, H, D), b"\0\x3c" * n), "dtype")
+
+        st = lambda name, tensors, raw=None, raw_data=b"": write(d, name, safetensors(tensors, raw, raw_data))
+        qk_only = st("qk.safetensors", [("q", "F32", (B, S, H, D), f32(n)), ("k", "F32", (B, S, H, D), f32(n))])
+        expect_error("safetensors missing tensor", ["run", "--inputs", qk_only, "--out", o("o.npy")],
+                     "no tensor named 'v'", out_dir)
+        expect_error("safetensors missing for --q", ["run", "--q", qk_only + "x", "--k", k, "--v", v, "--out",
+                                                      o("o.npy")], "cannot open", out_dir)
+        bad_json = st("bad.safetensors", [], b'{"q": {"dtype": "F32", "shape": [2')
+        expect_error("safetensors malformed JSON", ["run", "--inputs", bad_json, "--out", o("o.npy")],
+                     "malformed JSON", out_dir)
+        short = write(d, "short.safetensors", struct.pack("<Q", 1000) + b"{}")
+        expect_error("safetensors header past end", ["run", "--inputs", short, "--out", o("o.npy")],
+                     "truncated header", out_dir)
+        expect_error("safetensors 3 bytes", ["run", "--inputs", write(d, "tiny.safetensors", b"abc"), "--out",
+                                             o("o.npy")], "truncated file", out_dir)
+        overlap = st("overlap.safetensors", [], json.dumps({
+            "q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "k": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}).encode(), b"\0" * 12)
+        expect_error("safetensors overlapping", ["run", "--inputs", overlap, "--out", o("o.npy")], "overlapping",
+                     out_dir)
+        newline_name = st("nl.safetensors", [("q\nx", "F32", (2,), f32(2))])
+        expect_error("safetensors name with newline", ["run", "--inputs", newline_name, "--out", o("o.npy")],
+                     "no tensor named 'q'", out_dir)
+        bf16 = st("bf16.safetensors", [(name, "BF16", (B, S, H, D), os.urandom(2 * n)) for name in "qkv"])
+        expect_error("bf16 to npy", ["run", "--inputs", bf16, "--out", o("o.npy")], "bf16 cannot be stored", out_dir)
+        f64 = st("f64.safetensors", [(name, "F64", (B, S, H, D), b"\0" * (8 * n)) for name in "qkv"])
+        expect_error("safetensors f64", ["run", "--inputs", f64, "--out", o("o.npy")], "has dtype F64", out_dir)
+        expect_error("--inputs not safetensors", ["run", "--inputs", q, "--out", o("o.npy")], "--inputs", out_dir)
+
+        base = ["run", "--q", q, "--k", k, "--v", v]
+        expect_error("--dq without --dout", base + ["--out", o("o.npy"), "--dq", o("dq.npy")], "needs --dout", out_dir)
+        expect_error("--dout without --dq", base + ["--out", o("o.npy"), "--dout", dout], "--dq", out_dir)
+        expect_error("two outputs in one npy", base + ["--out", o("o.npy"), "--lse", o("o.npy")], "one tensor",
+                     out_dir)
+        expect_error("bad --window", base + ["--out", o("o.npy"), "--window", "3"], "--window", out_dir)
+        expect_error("bad --window value", base + ["--out", o("o.npy"), "--window", "a,-5"], "--window", out_dir)
+        expect_error("bad --causal-align", base + ["--out", o("o.npy"), "--causal-align", "sideways"],
+                     "causal-align", out_dir)
+        expect_error("negative softcap", base + ["--out", o("o.npy"), "--softcap", "-1"], "softcap", out_dir)
+        expect_error("unknown option", base + ["--out", o("o.npy"), "--bogus"], "bogus", out_dir)
+        expect_error("missing --out", base, "--out", out_dir)
+        expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)
+        expect_error("bad --threads", base + ["--out", o("o.npy"), "--threads", "-2"], "--threads", out_dir)
+        q3 = write(d, "q3.npy", npy("<f4", (S, H, D), f32(S * H * D)))
+        varlen = ["run", "--q", q3, "--k", q3, "--v", q3, "--out", o("o.npy")]
+        cu_f32 = write(d, "cu_f32.npy", npy("<f4", (2,), struct.pack("<2f", 0, 8)))
+        expect_error("cu_seqlens float", varlen + ["--cu-seqlens-q", cu_f32, "--cu-seqlens-k", cu_f32], "cu_seqlens",
+                     out_dir)
+        cu = write(d, "cu.npy", npy("<i4", (2,), struct.pack("<2i", 0, 8)))
+        expect_error("cu_seqlens_q alone", varlen + ["--cu-seqlens-q", cu], "cu_seqlens", out_dir)
+        cu_bad = write(d, "cu_bad.npy", npy("<i4", (3,), struct.pack("<3i", 0, 5, 4)))
+        expect_error("cu_seqlens decreasing", varlen + ["--cu-seqlens-q", cu_bad, "--cu-seqlens-k", cu_bad],
+                     "cu_seqlens", out_dir)
+        expect_error("varlen without cu_seqlens", varlen, "cu_seqlens", out_dir)
+        expect_error("unwritable output", base + ["--out", os.path.join(d, "no", "such", "dir", "o.npy")],
+                     "cannot write", out_dir)
+        expect_error("unknown command", ["frobnicate"], "frobnicate", out_dir)
+        expect_error("bench bad dtype", ["bench", "--dtype", "f64", "--seqlen", "16"], "--dtype", out_dir)
+        expect_error("check bad device", ["check", "--device", "tpu"], "device", out_dir)
+
+        # Good calls: npy in, npy out with --check; safetensors in, one safetensors file out.
+        r = run(base + ["--out", o("out.npy"), "--lse", o("lse.npy"), "--causal", "--check"])
+        if r.returncode != 0 or "PASS" not in r.stdout or not os.path.exists(o("out.npy")):
+            failures.append("good npy run")
+            print("FAIL good npy run: exit %d\n%s%s" % (r.returncode, r.stdout, r.stderr))
+        else:
+            print("ok   good npy run (--check PASS)")
+        full = st("full.safetensors", [(name, "F32", (B, S, H, D), f32(n)) for name in ("q", "k", "v", "dout")])
+        r = run(["run", "--inputs", full, "--out", o("all.safetensors"), "--check", "--window", "2,1"])
+        names = set()
+        if os.path.exists(o("all.safetensors")):
+            with open(o("all.safetensors"), "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                names = set(json.loads(f.read(length)))
+        if r.returncode != 0 or names != {"out", "lse", "dq", "dk", "dv"}:
+            failures.append("good safetensors run")
+            print("FAIL good safetensors run: exit %d, names %s\n%s%s" % (r.returncode, names, r.stdout, r.stderr))
+        else:
+            print("ok   good safetensors run (out, lse, dq, dk, dv in one file)")
+
+    print("%d failed" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

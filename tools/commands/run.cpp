@@ -1,0 +1,235 @@
+// `flashattn run`: attention on tensors read from .npy / .safetensors files, outputs written by
+// extension. Everything is read and checked before anything runs, and every output file is
+// serialized before the first one is written, so that a bad call writes nothing.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "commands/commands.hpp"
+#include "commands/common.hpp"
+#include "io/npy.hpp"
+#include "io/safetensors.hpp"
+
+namespace flashattn::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string inputs, q, k, v, dout, alibi, cu_seqlens_q, cu_seqlens_k;
+  std::string out, lse, dq, dk, dv;
+  bool causal = false;
+  std::string causal_align = "bottom-right";
+  std::string window;
+  float softcap = 0.0f, scale = 0.0f;
+  std::string device = "auto";
+  int threads = 0;
+  bool deterministic = false, check = false;
+};
+
+// Reads each input file once; a .safetensors file serves every tensor asked of it by name.
+class InputFiles {
+ public:
+  HostTensor load(const std::string& option, const std::string& path, const std::string& name) {
+    Loaded& f = open(option, path);
+    try {
+      if (f.safetensors) return f.safetensors->get(name);
+      return io::read_npy(f.bytes.data(), f.bytes.size());
+    } catch (const Error& e) {
+      throw Error(option + " '" + path + "': " + e.what());
+    }
+  }
+  bool contains(const std::string& option, const std::string& path, const std::string& name) {
+    Loaded& f = open(option, path);
+    return f.safetensors && f.safetensors->contains(name);
+  }
+
+ private:
+  struct Loaded {
+    std::vector<uint8_t> bytes;
+    std::unique_ptr<io::SafetensorsFile> safetensors;  // points into bytes
+  };
+  Loaded& open(const std::string& option, const std::string& path) {
+    auto it = files_.find(path);
+    if (it != files_.end()) return *it->second;
+    auto f = std::make_unique<Loaded>();
+    try {
+      f->bytes = io::read_file(path);
+      if (io::is_safetensors_path(path)) {
+        f->safetensors = std::make_unique<io::SafetensorsFile>(f->bytes.data(), f->bytes.size());
+      }
+    } catch (const Error& e) {
+      throw Error(option + ": " + e.what());
+    }
+    return *files_.emplace(path, std::move(f)).first->second;
+  }
+  std::map<std::string, std::unique_ptr<Loaded>> files_;
+};
+
+std::pair<int64_t, int64_t> parse_window(const std::string& text) {
+  const auto comma = text.find(',');
+  auto parse_int = [&](const std::string& s) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != s.size() || v < -1) {
+      throw Error("--window: expected L,R with integers >= -1 (-1 = unbounded), got '" + text + "'");
+    }
+    return static_cast<int64_t>(v);
+  };
+  if (comma == std::string::npos) parse_int("");
+  return {parse_int(text.substr(0, comma)), parse_int(text.substr(comma + 1))};
+}
+
+int run(const RunArgs& a) {
+  CallOptions o;
+  o.causal = a.causal;
+  o.causal_align = a.causal_align == "top-left" ? CausalAlign::top_left : CausalAlign::bottom_right;
+  if (!a.window.empty()) std::tie(o.window_size_left, o.window_size_right) = parse_window(a.window);
+  o.softcap = a.softcap;
+  o.softmax_scale = a.scale;
+  o.deterministic = a.deterministic;
+  o.num_threads = a.threads;
+  const Device device = resolve_device(a.device);
+
+  if (!a.inputs.empty() && !io::is_safetensors_path(a.inputs)) {
+    throw Error("--inputs: expected a .safetensors file holding q, k, v (and optionally dout, alibi_slopes, "
+                "cu_seqlens_q, cu_seqlens_k), got '" + a.inputs + "'");
+  }
+  InputFiles files;
+  Tensors t;
+  // Each input: its own option, else the tensor of that name in --inputs (required ones must exist).
+  auto input = [&](HostTensor& dst, const std::string& option, const std::string& path, const std::string& name,
+                   bool required) {
+    if (!path.empty()) {
+      dst = files.load(option, path, name);
+    } else if (!a.inputs.empty() && (required || files.contains("--inputs", a.inputs, name))) {
+      dst = files.load("--inputs", a.inputs, name);
+    } else if (required) {
+      throw Error(option + ": required (or give --inputs FILE.safetensors holding a tensor named '" + name + "')");
+    }
+  };
+  input(t.q, "--q", a.q, "q", true);
+  input(t.k, "--k", a.k, "k", true);
+  input(t.v, "--v", a.v, "v", true);
+  input(t.dout, "--dout", a.dout, "dout", false);
+  input(t.alibi_slopes, "--alibi", a.alibi, "alibi_slopes", false);
+  input(t.cu_seqlens_q, "--cu-seqlens-q", a.cu_seqlens_q, "cu_seqlens_q", false);
+  input(t.cu_seqlens_k, "--cu-seqlens-k", a.cu_seqlens_k, "cu_seqlens_k", false);
+  const bool backward = !t.dout.shape.empty();
+
+  // Where each output goes. A .safetensors --out also takes every output not given its own file.
+  const bool out_st = io::is_safetensors_path(a.out);
+  std::vector<std::pair<std::string, std::string>> targets = {{"out", a.out}};  // (name, path)
+  if (!a.lse.empty() || out_st) targets.emplace_back("lse", a.lse.empty() ? a.out : a.lse);
+  const std::pair<const char*, const std::string*> grads[] = {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
+  for (const auto& [name, path] : grads) {
+    if (!backward) {
+      if (!path->empty()) throw Error(std::string("--") + name + ": needs --dout (the backward pass)");
+      continue;
+    }
+    if (path->empty() && !out_st) {
+      throw Error(std::string("--") + name + ": required with --dout (or give a .safetensors --out to hold every output)");
+    }
+    targets.emplace_back(name, path->empty() ? a.out : *path);
+  }
+  std::map<std::string, std::vector<std::string>> by_path;
+  for (const auto& [name, path] : targets) by_path[path].push_back(name);
+  for (const auto& [path, names] : by_path) {
+    if (!io::is_safetensors_path(path) && names.size() > 1) {
+      throw Error("--" + names[1] + ": '" + path + "' is also the file of --" + names[0] +
+                  "; a .npy file holds one tensor (use .safetensors for several)");
+    }
+    if (!io::is_safetensors_path(path) && names[0] != "lse" && t.q.dtype == DType::bf16) {
+      throw Error("--" + names[0] + " '" + path + "': bf16 cannot be stored in .npy (numpy has no bfloat16); "
+                  "use a .safetensors file");
+    }
+  }
+
+  allocate_outputs(t, backward);
+  const RunTimes times = run_attention(t, o, device);
+  const AttentionParams host = make_params(t, o);
+  const double fwd_flops = attention_flops(host, false);
+  std::printf("forward   %-28s %10.3f ms %9.2f GFLOP/s\n", times.forward_kernel.c_str(), times.forward_s * 1e3,
+              fwd_flops / times.forward_s * 1e-9);
+  if (backward) {
+    std::printf("backward  %-28s %10.3f ms %9.2f GFLOP/s\n", times.backward_kernel.c_str(), times.backward_s * 1e3,
+                attention_flops(host, true) / times.backward_s * 1e-9);
+  }
+
+  bool pass = true;
+  if (a.check) {
+    std::printf("check against the float64 reference (bound = 2 x naive %s error + floor):\n",
+                io::dtype_label(t.q.dtype));
+    pass = print_error_table(compare_with_reference(host, backward));
+    std::printf("%s\n", pass ? "PASS" : "FAIL");
+  }
+
+  const std::map<std::string, const HostTensor*> outputs = {
+      {"out", &t.out}, {"lse", &t.lse}, {"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}};
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> files_out;
+  for (const auto& [path, names] : by_path) {
+    try {
+      if (io::is_safetensors_path(path)) {
+        std::vector<std::pair<std::string, const HostTensor*>> named;
+        for (const std::string& n : names) named.emplace_back(n, outputs.at(n));
+        files_out.emplace_back(path, io::write_safetensors(named));
+      } else {
+        files_out.emplace_back(path, io::write_npy(*outputs.at(names[0])));
+      }
+    } catch (const Error& e) {
+      throw Error("--" + names[0] + " '" + path + "': " + e.what());
+    }
+  }
+  for (const auto& [path, bytes] : files_out) {
+    try {
+      io::write_file(path, bytes);
+    } catch (const Error& e) {
+      throw Error("--" + by_path.at(path)[0] + ": " + e.what());
+    }
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& parent) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "run", "Compute attention on tensors from .npy / .safetensors files (layouts as in flashattn.hpp).");
+  app->add_option("--inputs", args->inputs,
+                  "A .safetensors file holding q, k, v and optionally dout, alibi_slopes, cu_seqlens_q, cu_seqlens_k");
+  app->add_option("--q", args->q, "q [batch, seqlen_q, num_heads, head_dim] or [total_q, num_heads, head_dim] "
+                                  "(.npy, or the tensor 'q' of a .safetensors file)");
+  app->add_option("--k", args->k, "k [batch, seqlen_k, num_heads_k, head_dim] or [total_k, ...]");
+  app->add_option("--v", args->v, "v [batch, seqlen_k, num_heads_k, head_dim_v] or [total_k, ...]");
+  app->add_option("--out", args->out, "output file for out (.npy or .safetensors; a .safetensors file also "
+                                      "receives lse, dq, dk, dv not given their own file)")->required();
+  app->add_option("--lse", args->lse, "output file for lse (float32 [batch, num_heads, seqlen_q] or [num_heads, total_q])");
+  app->add_flag("--causal", args->causal, "causal mask (window_size_right = 0)");
+  app->add_option("--causal-align", args->causal_align, "diagonal alignment when seqlen_q != seqlen_k")
+      ->check(CLI::IsMember({"bottom-right", "top-left"}));
+  app->add_option("--window", args->window, "sliding window L,R (-1 = unbounded)");
+  app->add_option("--softcap", args->softcap, "logit soft-capping softcap * tanh(S / softcap) (0 = off)");
+  app->add_option("--scale", args->scale, "softmax_scale (0 = 1/sqrt(head_dim))");
+  app->add_option("--alibi", args->alibi, "ALiBi slopes, float32 [num_heads] or [batch, num_heads]");
+  app->add_option("--cu-seqlens-q", args->cu_seqlens_q, "int32 [batch + 1] prefix sums (varlen layout)");
+  app->add_option("--cu-seqlens-k", args->cu_seqlens_k, "int32 [batch + 1] prefix sums (varlen layout)");
+  app->add_option("--dout", args->dout, "gradient of out: also run the backward pass");
+  app->add_option("--dq", args->dq, "output file for dq");
+  app->add_option("--dk", args->dk, "output file for dk");
+  app->add_option("--dv", args->dv, "output file for dv");
+  app->add_option("--device", args->device, "auto (cuda when available), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  app->add_flag("--deterministic", args->deterministic, "bitwise-repeatable backward");
+  app->add_flag("--check", args->check, "compare every output with the float64 reference; exit 1 on FAIL");
+  return {app, [args] { return run(*args); }};
+}
+
+}  // namespace flashattn::cli
