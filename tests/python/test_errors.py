@@ -127,3 +127,18 @@ def test_no_output_written_on_error():
     with pytest.raises(FlashAttnError, match="num_heads_k"):
         _capi.forward(p)
     assert torch.equal(out, torch.full_like(out, 7.0))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_available()),
+                    reason="no CUDA device, or flashattn built without its CUDA backend")
+def test_fp32_on_cuda_runs_or_names_the_limit():
+    # The CUDA kernels take fp16/bf16 (as flash-attn's); a plan that refuses fp32 must say so by name.
+    q, k, v = (t.cuda() for t in qkv())
+    try:
+        out = flash_attn_func(q, k, v, causal=True)
+    except FlashAttnError as e:
+        assert str(e).startswith("q:") and "fp32" in str(e), str(e)
+        return
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
