@@ -33,7 +33,9 @@
 // and dk/dv of a KV head are sums over its query heads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
