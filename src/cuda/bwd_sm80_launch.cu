@@ -24,7 +24,7 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 struct RowOfWarp {
-  bool active;  // inside [0, seqlen_q) x [0, num_heads) of the grid
+  bool active;  // inside [0, stat_rows) x [0, num_heads) of the grid
   bool valid;   // and inside its sequence
   int i, h;
   int64_t q_row;  // row of q/out/dout/dq in the tensors (sequence start + i)
@@ -35,7 +35,7 @@ __device__ __forceinline__ RowOfWarp row_of_warp(const BwdParams& p) {
   RowOfWarp r{};
   const int b = blockIdx.y;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
-  r.active = w < static_cast<int64_t>(p.seqlen_q) * p.num_heads;
+  r.active = w < static_cast<int64_t>(p.stat_rows) * p.num_heads;
   if (!r.active) return r;
   r.i = static_cast<int>(w / p.num_heads);
   r.h = static_cast<int>(w % p.num_heads);
@@ -47,7 +47,7 @@ __device__ __forceinline__ RowOfWarp row_of_warp(const BwdParams& p) {
   }
   r.valid = r.i < len;
   r.q_row = start + r.i;
-  r.stat = (static_cast<int64_t>(b) * p.num_heads + r.h) * p.seqlen_q + r.i;
+  r.stat = (static_cast<int64_t>(b) * p.num_heads + r.h) * p.stat_rows + r.i;
   return r;
 }
 
@@ -197,8 +197,9 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
   BwdParams bp = make_bwd_params(p);
   if (bp.batch == 0) return;
 
-  // Workspace: dsum and lse_log2 [batch, num_heads, seqlen_q], then the dq accumulator.
-  const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.seqlen_q;
+  // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator.
+  bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
+  const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   const int64_t accum_count = p.deterministic ? 0 : stat_count * bp.head_dim;
   const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);
   StreamBuffer ws;
@@ -211,7 +212,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
   if (bp.dq_accum != nullptr && accum_count > 0)
     FA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, static_cast<size_t>(accum_count) * sizeof(float), stream));
 
-  const int64_t row_warps = static_cast<int64_t>(bp.seqlen_q) * bp.num_heads;
+  const int64_t row_warps = static_cast<int64_t>(bp.stat_rows) * bp.num_heads;
   const dim3 row_grid(static_cast<unsigned>((row_warps + kRowWarps - 1) / kRowWarps), bp.batch);
   const int bucket = bwd_sm80_head_dim_bucket(p);
   dispatch_dtype(p.dtype, [&](auto elem) {

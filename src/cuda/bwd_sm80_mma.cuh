@@ -98,6 +98,36 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Storage
   }
 }
 
+// Two independent products of one shape in one k loop: acc0 += A0 B0 and acc1 += A1 B1 (same
+// layouts and leading dimensions). Interleaving doubles the independent accumulator chains per
+// k step, which the dependent-issue stalls of the single products called for (perf-notes.md).
+template <typename Elem, int MT, int NT, int K, bool kATrans, bool kBTrans, typename Storage>
+__device__ __forceinline__ void warp_gemm2(float (&acc0)[MT][NT][4], const Storage* a0, const Storage* b0,
+                                           float (&acc1)[MT][NT][4], const Storage* a1, const Storage* b1,
+                                           int lda, int ldb) {
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    warp_gemm<Elem, MT, NT, 16, kATrans, kBTrans>(acc0, a0 + (kATrans ? k0 * lda : k0), lda,
+                                                  b0 + (kBTrans ? k0 * ldb : k0), ldb);
+    warp_gemm<Elem, MT, NT, 16, kATrans, kBTrans>(acc1, a1 + (kATrans ? k0 * lda : k0), lda,
+                                                  b1 + (kBTrans ? k0 * ldb : k0), ldb);
+  }
+}
+
+// Copies `rows` query-row statistics (lse·log2e and D) starting at workspace index `first` into
+// shared memory with 4-byte cp.async (no register round trip). The workspace rows are padded to
+// stat_rows and filled by the preprocess, so no bounds check is needed.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_stats(float* s_lse, float* s_dsum, const BwdParams& p, int64_t first) {
+  for (int x = threadIdx.x; x < 2 * kRows; x += kThreads) {
+    const bool is_lse = x < kRows;
+    const int r = is_lse ? x : x - kRows;
+    const float* src = (is_lse ? p.lse_log2 : p.dsum) + first + r;
+    float* dst = (is_lse ? s_lse : s_dsum) + r;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+  }
+}
+
 // The mask of one sequence (params.hpp visible_keys(): query i sees key j when
 // i + off − wl <= j <= i + off + wr, each side only when its window is >= 0).
 struct SeqMask {
@@ -128,32 +158,37 @@ __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
 }  // namespace bwd_detail
 
 template <typename Elem, int kHeadDim, bool kDqMode>
-__global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
+__global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDim>::kMinBlocks)
     bwd_sm80_kernel(const __grid_constant__ BwdParams p) {
   using Shape = BwdShape<kHeadDim>;
   using Storage = typename Elem::Storage;
   using bwd_detail::load_tile;
   using bwd_detail::warp_gemm;
+  using bwd_detail::warp_gemm2;
   constexpr int D = kHeadDim, R = Shape::kRes, S = Shape::kStr;
-  constexpr int WR = Shape::kWarpsRes, WC = Shape::kWarpsCol, NW = Shape::kWarps;
   constexpr int NTH = Shape::kThreads, LD = Shape::kLd, LDX = Shape::kLdx, MR = Shape::kMaxRows;
-  constexpr int SC = S / WC, NS = SC / 8;  // streamed columns of one warp's score tile
-  constexpr int DC = D / WC, ND = DC / 8;  // head-dim columns of one warp's accumulators
+  constexpr int ST = Shape::kStages;
+  using SG = typename Shape::Score;  // Sᵀ/dPᵀ (or S/dP) [R x S]
+  using AG = typename Shape::Acc;    // dK/dV (or dQ) [R x D]
+  using QG = typename Shape::Dq;     // dQ partial of the dK/dV kernel [S x D]
+  constexpr int SM = SG::kM, SN = SG::kN, AM = AG::kM, AN = AG::kN;
   constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Storage* sR0 = reinterpret_cast<Storage*>(smem_raw);  // K (dK/dV kernel) or Q (dQ kernel)
   Storage* sR1 = sR0 + R * LD;                          // V or dO
   Storage* sS0 = sR1 + R * LD;                          // 2 buffers of Q or K
-  Storage* sS1 = sS0 + 2 * S * LD;                      // 2 buffers of dO or V
-  Storage* sX = sS1 + 2 * S * LD;                       // Pᵀ [resident][streamed]
+  Storage* sS1 = sS0 + ST * S * LD;                     // ST buffers of dO or V
+  Storage* sX = sS1 + ST * S * LD;                      // Pᵀ [resident][streamed]
   Storage* sY = sX + R * LDX;                           // dSᵀ (dK/dV kernel) or dS (dQ kernel)
   float* sLse = reinterpret_cast<float*>(sY + R * LDX);  // [2][MR] lse·log2e of query rows
   float* sDsum = sLse + 2 * MR;                          // [2][MR] D of query rows
 
   const int b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wrow = warp % WR, wcol = warp / WR;
+  // Warp tile origins (row, column) in each product.
+  const int s_row = (warp % (R / (16 * SM))) * SM * 16, s_col = (warp / (R / (16 * SM))) * SN * 8;
+  const int a_row = (warp % (R / (16 * AM))) * AM * 16, a_col = (warp / (R / (16 * AM))) * AN * 8;
   const int g = lane >> 2, tq = lane & 3;
 
   int64_t q_start = 0, k_start = 0;
@@ -170,7 +205,7 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
   const Storage* k_base = static_cast<const Storage*>(p.k);
   const Storage* v_base = static_cast<const Storage*>(p.v);
   const Storage* do_base = static_cast<const Storage*>(p.dout);
-  const int64_t stat_rows = static_cast<int64_t>(p.seqlen_q);
+  const int64_t stat_rows = p.stat_rows;
 
   // Resident tile: keys [r0, r0 + R) of KV head hk, or queries [r0, r0 + R) of head h.
   // Heaviest blocks first: under a causal mask low key tiles and high query tiles do the most work.
@@ -206,12 +241,7 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
     load_tile<R, D, LD, NTH>(sR1, do_base + b * p.do_batch_stride + (q_start + r0) * p.do_row_stride +
                                       h_fixed * p.do_head_stride,
                              p.do_row_stride, len_q - r0, p.head_dim_v, p.dout);
-    if (threadIdx.x < R) {
-      const int row = r0 + threadIdx.x;
-      const int64_t idx = (static_cast<int64_t>(b) * p.num_heads + h_fixed) * stat_rows + row;
-      sLse[threadIdx.x] = row < len_q ? p.lse_log2[idx] : INFINITY;
-      sDsum[threadIdx.x] = row < len_q ? p.dsum[idx] : 0.f;
-    }
+    bwd_detail::load_stats<R, NTH>(sLse, sDsum, p, (static_cast<int64_t>(b) * p.num_heads + h_fixed) * stat_rows + r0);
     // Keys seen by any of queries [r0, i_last]: j >= i + off − wl and j <= i + off + wr.
     const int i_last = min(r0 + R, len_q) - 1;
     const int j_lo = mask.wl >= 0 ? max(0, r0 + mask.off - mask.wl) : 0;
@@ -239,12 +269,8 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
       load_tile<S, D, LD, NTH>(d1, do_base + b * p.do_batch_stride +
                                        (q_start + s0) * p.do_row_stride + h * p.do_head_stride,
                                p.do_row_stride, len_q - s0, p.head_dim_v, p.dout);
-      if (threadIdx.x < S) {
-        const int row = s0 + threadIdx.x;
-        const int64_t idx = (static_cast<int64_t>(b) * p.num_heads + h) * stat_rows + row;
-        sLse[buf * MR + threadIdx.x] = row < len_q ? p.lse_log2[idx] : INFINITY;
-        sDsum[buf * MR + threadIdx.x] = row < len_q ? p.dsum[idx] : 0.f;
-      }
+      bwd_detail::load_stats<S, NTH>(sLse + buf * MR, sDsum + buf * MR, p,
+                                     (static_cast<int64_t>(b) * p.num_heads + h) * stat_rows + s0);
     } else {
       load_tile<S, D, LD, NTH>(d0, k_base + b * p.k_batch_stride + (k_start + s0) * p.k_row_stride +
                                        hk * p.k_head_stride,
@@ -255,21 +281,29 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
     }
   };
 
-  // dK/dV kernel: acc0 = dK, acc1 = dV (16 keys x DC per warp). dQ kernel: acc0 = dQ.
-  float acc0[1][ND][4], acc1[1][ND][4];
+  // dK/dV kernel: acc0 = dK, acc1 = dV. dQ kernel: acc0 = dQ.
+  float acc0[AM][AN][4], acc1[AM][AN][4];
 #pragma unroll
-  for (int n = 0; n < ND; ++n)
+  for (int m = 0; m < AM; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc0[0][n][e] = acc1[0][n][e] = 0.f;
+    for (int n = 0; n < AN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc0[m][n][e] = acc1[m][n][e] = 0.f;
 
   const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
   const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
 
-  if (iters > 0) issue(0, 0);
+  // Two stages: tile t + 1 is copied while tile t is computed. One stage: the copy waits, and the
+  // other resident block of the SM hides it.
+  if (ST == 2 && iters > 0) issue(0, 0);
   cp_async_commit();
   for (int t = 0; t < iters; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < iters) {
+    const int buf = ST == 2 ? t & 1 : 0;
+    if (ST == 1) {
+      issue(t, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else if (t + 1 < iters) {
       issue(t + 1, buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
@@ -283,13 +317,15 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
     const Storage* cS1 = sS1 + buf * S * LD;
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (dK/dV kernel), or S = Q Kᵀ and dP = dO Vᵀ (dQ kernel).
-    float acc_s[1][NS][4], acc_dp[1][NS][4];
+    float acc_s[SM][SN][4], acc_dp[SM][SN][4];
 #pragma unroll
-    for (int n = 0; n < NS; ++n)
+    for (int m = 0; m < SM; ++m)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[0][n][e] = acc_dp[0][n][e] = 0.f;
-    warp_gemm<Elem, 1, NS, D, false, false>(acc_s, sR0 + wrow * 16 * LD, LD, cS0 + wcol * SC * LD, LD);
-    warp_gemm<Elem, 1, NS, D, false, false>(acc_dp, sR1 + wrow * 16 * LD, LD, cS1 + wcol * SC * LD, LD);
+      for (int n = 0; n < SN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[m][n][e] = acc_dp[m][n][e] = 0.f;
+    warp_gemm2<Elem, SM, SN, D, false, false>(acc_s, sR0 + s_row * LD, cS0 + s_col * LD, acc_dp,
+                                              sR1 + s_row * LD, cS1 + s_col * LD, LD, LD);
 
     // P and dS, element by element. Resident row rl, streamed column cl of the block's tile.
     const int qi0 = kDqMode ? r0 : s0, kj0 = kDqMode ? s0 : r0;
@@ -298,19 +334,21 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
     const float* lse_row = sLse + (kDqMode ? 0 : buf * MR);
     const float* dsum_row = sDsum + (kDqMode ? 0 : buf * MR);
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
+    for (int m = 0; m < SM; ++m)
+#pragma unroll
+    for (int n = 0; n < SN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int rl = wrow * 16 + g + (e >> 1) * 8;
-        const int cl = wcol * SC + n * 8 + 2 * tq + (e & 1);
+        const int rl = s_row + m * 16 + g + (e >> 1) * 8;
+        const int cl = s_col + n * 8 + 2 * tq + (e & 1);
         const int stat = kDqMode ? rl : cl;
         const int i = qi0 + (kDqMode ? rl : cl), j = kj0 + (kDqMode ? cl : rl);
         const float lse2 = lse_row[stat];
         float pv, dtanh = 1.f;
         if (!modified) {
-          pv = fast_exp2(acc_s[0][n][e] * scale_log2 - lse2);
+          pv = fast_exp2(acc_s[m][n][e] * scale_log2 - lse2);
         } else {
-          float x = acc_s[0][n][e] * scale;
+          float x = acc_s[m][n][e] * scale;
           if (cap > 0.f) {
             const float th = tanhf(x / cap);
             x = cap * th;
@@ -320,52 +358,57 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
           pv = fast_exp2(x * kLog2e - lse2);
         }
         if (edge && !mask.visible(i, j)) pv = 0.f;
-        acc_s[0][n][e] = pv;
-        acc_dp[0][n][e] = pv * (acc_dp[0][n][e] - dsum_row[stat]) * dtanh;
+        acc_s[m][n][e] = pv;
+        acc_dp[m][n][e] = pv * (acc_dp[m][n][e] - dsum_row[stat]) * dtanh;
       }
     }
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
+    for (int m = 0; m < SM; ++m)
+#pragma unroll
+    for (int n = 0; n < SN; ++n) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int rl = wrow * 16 + g + hf * 8;
-        const int cl = wcol * SC + n * 8 + 2 * tq;
+        const int rl = s_row + m * 16 + g + hf * 8;
+        const int cl = s_col + n * 8 + 2 * tq;
         if constexpr (!kDqMode)
-          bwd_detail::store_u32(sX + rl * LDX + cl, pack2<Elem>(acc_s[0][n][2 * hf], acc_s[0][n][2 * hf + 1]));
-        bwd_detail::store_u32(sY + rl * LDX + cl, pack2<Elem>(acc_dp[0][n][2 * hf], acc_dp[0][n][2 * hf + 1]));
+          bwd_detail::store_u32(sX + rl * LDX + cl, pack2<Elem>(acc_s[m][n][2 * hf], acc_s[m][n][2 * hf + 1]));
+        bwd_detail::store_u32(sY + rl * LDX + cl, pack2<Elem>(acc_dp[m][n][2 * hf], acc_dp[m][n][2 * hf + 1]));
       }
     }
     __syncthreads();
 
     if constexpr (!kDqMode) {
       // dV += Pᵀ dO and dK += dSᵀ Q over this tile's S query rows.
-      warp_gemm<Elem, 1, ND, S, false, true>(acc1, sX + wrow * 16 * LDX, LDX, cS1 + wcol * DC, LD);
-      warp_gemm<Elem, 1, ND, S, false, true>(acc0, sY + wrow * 16 * LDX, LDX, cS0 + wcol * DC, LD);
+      warp_gemm2<Elem, AM, AN, S, false, true>(acc1, sX + a_row * LDX, cS1 + a_col, acc0, sY + a_row * LDX,
+                                               cS0 + a_col, LDX, LD);
       if (p.dq_accum != nullptr) {
-        // dQ (S x D) += dS K over this block's R keys, split into 16-row x QC-column warp tiles.
-        constexpr int RG = S / 16, CG = NW / RG, QC = D / CG, NQ = QC / 8;
-        static_assert(NW % RG == 0 && D % CG == 0 && NQ % 2 == 0, "dQ warp tiling");
-        const int rg = warp % RG, cg = warp / RG;
-        float acc_q[1][NQ][4];
+        // dQ (S x D) += dS K over this block's R keys; dS is read transposed from dSᵀ.
+        constexpr int QM = QG::kM, QN = QG::kN;
+        const int q_row = (warp % (S / (16 * QM))) * QM * 16, q_col = (warp / (S / (16 * QM))) * QN * 8;
+        float acc_q[QM][QN][4];
 #pragma unroll
-        for (int n = 0; n < NQ; ++n)
+        for (int m = 0; m < QM; ++m)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_q[0][n][e] = 0.f;
-        warp_gemm<Elem, 1, NQ, R, true, true>(acc_q, sY + rg * 16, LDX, sR0 + cg * QC, LD);
+          for (int n = 0; n < QN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_q[m][n][e] = 0.f;
+        warp_gemm<Elem, QM, QN, R, true, true>(acc_q, sY + q_row, LDX, sR0 + q_col, LD);
         float* dqa = p.dq_accum + ((static_cast<int64_t>(b) * p.num_heads + h) * stat_rows + s0) * p.head_dim;
 #pragma unroll
-        for (int n = 0; n < NQ; ++n) {
+        for (int m = 0; m < QM; ++m)
+#pragma unroll
+        for (int n = 0; n < QN; ++n) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            const int row = rg * 16 + g + hf * 8, col = cg * QC + n * 8 + 2 * tq;
+            const int row = q_row + m * 16 + g + hf * 8, col = q_col + n * 8 + 2 * tq;
             if (row < len_q - s0 && col < p.head_dim)
               bwd_detail::atomic_add2(dqa + static_cast<int64_t>(row) * p.head_dim + col,
-                                      acc_q[0][n][2 * hf], acc_q[0][n][2 * hf + 1]);
+                                      acc_q[m][n][2 * hf], acc_q[m][n][2 * hf + 1]);
           }
         }
       }
     } else {
-      warp_gemm<Elem, 1, ND, S, false, true>(acc0, sY + wrow * 16 * LDX, LDX, cS0 + wcol * DC, LD);
+      warp_gemm<Elem, AM, AN, S, false, true>(acc0, sY + a_row * LDX, LDX, cS0 + a_col, LD);
     }
     __syncthreads();
   }
@@ -378,30 +421,34 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, 1)
     Storage* dv = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + r0) * p.dv_row_stride +
                   hk * p.dv_head_stride;
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
+    for (int m = 0; m < AM; ++m)
+#pragma unroll
+    for (int n = 0; n < AN; ++n) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int row = wrow * 16 + g + hf * 8, col = wcol * DC + n * 8 + 2 * tq;
+        const int row = a_row + m * 16 + g + hf * 8, col = a_col + n * 8 + 2 * tq;
         if (row >= len_k - r0) continue;
         if (col < p.head_dim)
           bwd_detail::store_u32(dk + row * p.dk_row_stride + col,
-                                pack2<Elem>(acc0[0][n][2 * hf] * scale, acc0[0][n][2 * hf + 1] * scale));
+                                pack2<Elem>(acc0[m][n][2 * hf] * scale, acc0[m][n][2 * hf + 1] * scale));
         if (col < p.head_dim_v)
           bwd_detail::store_u32(dv + row * p.dv_row_stride + col,
-                                pack2<Elem>(acc1[0][n][2 * hf], acc1[0][n][2 * hf + 1]));
+                                pack2<Elem>(acc1[m][n][2 * hf], acc1[m][n][2 * hf + 1]));
       }
     }
   } else {
     Storage* dq = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + (q_start + r0) * p.dq_row_stride +
                   h_fixed * p.dq_head_stride;
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
+    for (int m = 0; m < AM; ++m)
+#pragma unroll
+    for (int n = 0; n < AN; ++n) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int row = wrow * 16 + g + hf * 8, col = wcol * DC + n * 8 + 2 * tq;
+        const int row = a_row + m * 16 + g + hf * 8, col = a_col + n * 8 + 2 * tq;
         if (row < len_q - r0 && col < p.head_dim)
           bwd_detail::store_u32(dq + row * p.dq_row_stride + col,
-                                pack2<Elem>(acc0[0][n][2 * hf] * scale, acc0[0][n][2 * hf + 1] * scale));
+                                pack2<Elem>(acc0[m][n][2 * hf] * scale, acc0[m][n][2 * hf + 1] * scale));
       }
     }
   }

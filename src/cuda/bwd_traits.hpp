@@ -40,47 +40,70 @@ struct BwdParams {
   const float* alibi_slopes;  // nullptr = off
   int64_t alibi_batch_stride;
 
-  // Workspace, each [batch, num_heads, seqlen_q] (row-major, seqlen_q the maximum):
+  // Workspace, each [batch, num_heads, stat_rows] (row-major; stat_rows = seqlen_q, the maximum,
+  // rounded up to kStatRowAlign so that every tile reads its statistics without bounds checks):
+  int stat_rows;
   float* dsum;      // D = rowsum(dout ∘ out), 0 past the sequence end
   float* lse_log2;  // lse · log2(e); +inf where lse = −inf (fully masked row) or past the end
-  float* dq_accum;  // [batch, num_heads, seqlen_q, head_dim] fp32; nullptr in deterministic mode
+  float* dq_accum;  // [batch, num_heads, stat_rows, head_dim] fp32; nullptr in deterministic mode
 };
+
+// Multiple of every kRes and kStr below.
+constexpr int kStatRowAlign = 128;
 
 // One row per head_dim bucket (head_dim and head_dim_v both <= kHeadDim; smaller multiples of 8
 // are zero-filled by predicated loads). Both backward kernels share the shape: a block keeps kRes
 // "resident" rows in shared memory (keys in the dK/dV kernel, queries in the deterministic dQ
-// kernel) and streams kStr rows of the other side per step, double-buffered. kWarpsRes warps own
-// 16 resident rows each; kWarpsCol warps split the streamed columns of the score tile and the
-// head-dim columns of the accumulators (which keeps the dK and dV accumulators at 64 fp32
-// registers per thread in every bucket).
-//   hdim 64:  128 x 64,  8 warps: S+dP 64 regs, dK+dV 64, dQ 16; smem 110 KB.
-//   hdim 128: 128 x 64, 16 warps: S+dP 32 regs, dK+dV 64, dQ 16; smem 176 KB.
-//   hdim 256:  64 x 64, 16 warps: S+dP 16 regs, dK+dV 64, dQ 32; smem 219 KB (needs sm_90's
+// kernel) and streams kStr rows of the other side per step, double-buffered. Each of the block's
+// products has its own warp grid (rows x kWarps / rows), as in FlashAttention-2's sm80 backward:
+//   score  Sᵀ, dPᵀ  [kRes x kStr]  kScoreWarpRows
+//   acc    dK, dV (or dQ in the dQ kernel)  [kRes x kHeadDim]  kAccWarpRows
+//   dq     dQ partial of the dK/dV kernel  [kStr x kHeadDim]  kDqWarpRows
+// Warp tiles of 32 x 32 or larger read at least 16 FLOP per shared-memory byte; the first version
+// (16-row warp tiles, 16 warps; 10.7 FLOP/byte) was shared-memory bound at 143-186 TFLOP/s for
+// hdim 128 (perf-notes.md). Registers: score tiles die before the dQ tile is born.
+//   hdim 64:  128 x 64, 8 warps, 2 blocks/SM: S,dP 32x32; dK,dV 32x32; dQ 32x16; smem 110 KB.
+//   hdim 128: 128 x 64, 8 warps: S,dP 32x32; dK,dV 32x64; dQ 32x32; smem 176 KB.
+//   hdim 256:  64 x 64, 8 warps: S,dP 32x16; dK,dV 32x64; dQ 32x64; smem 219 KB (needs sm_90's
 //             227 KB per block; on sm_80's 163 KB the launch reports the shortfall).
 template <int kHeadDim_>
 struct BwdTraits;
 
 template <>
 struct BwdTraits<64> {
-  static constexpr int kHeadDim = 64, kRes = 128, kStr = 64, kWarpsRes = 8, kWarpsCol = 1;
+  static constexpr int kHeadDim = 64, kRes = 64, kStr = 64, kWarps = 8, kMinBlocks = 2, kStages = 2;
+  static constexpr int kScoreWarpRows = 2, kAccWarpRows = 2, kDqWarpRows = 2;
 };
 template <>
 struct BwdTraits<128> {
-  static constexpr int kHeadDim = 128, kRes = 128, kStr = 64, kWarpsRes = 8, kWarpsCol = 2;
+  static constexpr int kHeadDim = 128, kRes = 128, kStr = 64, kWarps = 8, kMinBlocks = 1, kStages = 2;
+  static constexpr int kScoreWarpRows = 4, kAccWarpRows = 4, kDqWarpRows = 2;
 };
 template <>
 struct BwdTraits<256> {
-  static constexpr int kHeadDim = 256, kRes = 64, kStr = 64, kWarpsRes = 4, kWarpsCol = 4;
+  static constexpr int kHeadDim = 256, kRes = 64, kStr = 64, kWarps = 8, kMinBlocks = 1, kStages = 2;
+  static constexpr int kScoreWarpRows = 2, kAccWarpRows = 2, kDqWarpRows = 2;
+};
+
+// A warp grid of kRows x kWarps / kRows over an M x N product: each warp gets kM 16-row tiles
+// and kN 8-column tiles.
+template <int M, int N, int kWarps, int kRows>
+struct WarpGrid {
+  static constexpr int kCols = kWarps / kRows;
+  static constexpr int kM = M / kRows / 16, kN = N / kCols / 8;
+  static_assert(kWarps % kRows == 0 && kM * kRows * 16 == M && kN * kCols * 8 == N && kN % 2 == 0,
+                "warp grid must tile the product in 16 x 16 steps");
 };
 
 template <int kHeadDim>
 struct BwdShape {
   using T = BwdTraits<kHeadDim>;
-  static constexpr int kRes = T::kRes, kStr = T::kStr;
-  static constexpr int kWarpsRes = T::kWarpsRes, kWarpsCol = T::kWarpsCol;
-  static constexpr int kWarps = kWarpsRes * kWarpsCol;
+  static constexpr int kRes = T::kRes, kStr = T::kStr, kWarps = T::kWarps, kMinBlocks = T::kMinBlocks;
+  static constexpr int kStages = T::kStages;  // buffers of the streamed tiles (1 or 2)
   static constexpr int kThreads = 32 * kWarps;
-  static_assert(kRes == 16 * kWarpsRes, "each resident warp row owns 16 rows");
+  using Score = WarpGrid<kRes, kStr, kWarps, T::kScoreWarpRows>;
+  using Acc = WarpGrid<kRes, kHeadDim, kWarps, T::kAccWarpRows>;
+  using Dq = WarpGrid<kStr, kHeadDim, kWarps, T::kDqWarpRows>;
   // Shared-memory rows are padded by 8 elements (16 bytes): consecutive rows then start 4 banks
   // apart, so the 8 row addresses of an ldmatrix phase and the packed score stores hit 8 different
   // bank groups without a swizzle, at any column offset.
@@ -88,7 +111,7 @@ struct BwdShape {
   static constexpr int kLdx = kStr + 8;     // P and dS tiles: resident rows x streamed columns
   static constexpr int kMaxRows = kRes > kStr ? kRes : kStr;
   static constexpr int kSmemBytes =
-      (2 * kRes + 4 * kStr) * kLd * 2 + 2 * kRes * kLdx * 2 + 4 * kMaxRows * 4;
+      (2 * kRes + 2 * kStages * kStr) * kLd * 2 + 2 * kRes * kLdx * 2 + 4 * kMaxRows * 4;
 };
 
 // Launches the dK/dV kernel (kDqMode false; also accumulates dq_accum when p.dq_accum) or the
