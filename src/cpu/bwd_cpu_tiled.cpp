@@ -146,8 +146,9 @@ void dkdv_item(const detail::Params& p, const TileShape& ts, const WorkItem& it,
       copy_rows_padded(p.dtype, q, m0, mr, d, w.qa.data(), dp16);
       copy_rows_padded(p.dtype, g, m0, mr, dv, w.qb.data(), dv16);
       load_row_stats(p, sq, h, m0, mr, mr, delta, w.lse2.data(), w.delta.data());
+      const PrefetchNext next{{&q, &g}, {d, dv}, m0 + bm, std::clamp<int64_t>(rows.hi - m0 - bm, 0, bm)};
       // S = Q Kᵀ (mr x np), P = exp2(S − lse2) row-wise.
-      gemm::gemm<gemm::Op::store>(mr, np, d, w.qa.data(), dp16, 1, w.ka.data(), np, w.s.data(), np);
+      gemm::gemm<gemm::Op::store>(mr, np, d, w.qa.data(), dp16, 1, w.ka.data(), np, w.s.data(), np, nullptr, next);
       finish_natural(p, sq, sp, m0, mr, n0, nc, np, w.s.data(), t, !tile_fully_visible(p, sq, m0, mr, n0, nc));
       for (int64_t r = 0; r < mr; ++r) {
         const V16 l2 = simd::bcast(w.lse2[r]);
@@ -195,8 +196,9 @@ void dq_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, c
     const int64_t nc = std::min(bn, keys.hi - n0);
     const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.ka.data());
     const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.kb.data());
+    const PrefetchNext next{{&k, &v}, {d, dv}, n0 + bn, std::clamp<int64_t>(keys.hi - n0 - bn, 0, bn)};
     // Sᵀ = K Qᵀ (nc x wl), Pᵀ = exp2(Sᵀ − lse2) lane-wise.
-    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qa.data(), wl, w.s.data(), wl);
+    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qa.data(), wl, w.s.data(), wl, nullptr, next);
     finish_transposed(sq, sp, m0, mr, wl, n0, nc, w.s.data(), t, w.kr.data(),
                       !tile_fully_visible(p, sq, m0, mr, n0, nc));
     for (int64_t c = 0; c < wl; c += simd::kLanes) {

@@ -89,7 +89,8 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
     const int64_t nc = std::min(bn, keys.hi - n0);
     const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data());
     const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data());
-    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qt.data(), wl, w.st.data(), wl);
+    const PrefetchNext next{{&k, &v}, {d, dv}, n0 + bn, std::clamp<int64_t>(keys.hi - n0 - bn, 0, bn)};
+    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qt.data(), wl, w.st.data(), wl, nullptr, next);
     const bool mask = !tile_fully_visible(p, sq, m0, mr, n0, nc);
     finish_transposed(sq, sp, m0, mr, wl, n0, nc, w.st.data(), nullptr, w.kr.data(), mask);
     online_softmax(w.st.data(), nc, wl, w.m.data(), w.l.data(), w.alpha.data());

@@ -85,23 +85,35 @@ inline void tail_rows(int64_t left, int64_t vecs, const float* a, int64_t a_rs, 
   }
 }
 
+struct NoHook {
+  void operator()(int64_t, int64_t) const {}
+};
+
 // C (rows x lanes, row stride c_rs) op= A (rows x depth, strides a_rs, a_ks) · B (depth x lanes,
 // row stride b_rs). lanes must be a multiple of 16; scale (lanes floats) is read only for Op::scale.
 // Lane panels run in the outer loop so that a B panel (depth x kC vectors) stays in L1 while
-// every row block of A streams past it.
-template <Op op>
+// every row block of A streams past it. hook(step, steps) runs before each of the `steps` row
+// blocks: the callers spread their prefetches of the next tile over it.
+template <Op op, class Hook = NoHook>
 inline void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int64_t a_rs, int64_t a_ks,
-                 const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr) {
+                 const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr,
+                 const Hook& hook = Hook()) {
   const int64_t vecs = lanes / simd::kLanes;
+  const int64_t panels = (vecs + kC - 1) / kC, blocks = (rows + kR - 1) / kR;
+  int64_t step = 0;
   for (int64_t v0 = 0; v0 < vecs; v0 += kC) {
     const int64_t pv = std::min<int64_t>(kC, vecs - v0);
     const int64_t off = v0 * simd::kLanes;
     const float* sc = scale ? scale + off : nullptr;
     int64_t r = 0;
-    for (; r + kR <= rows; r += kR)
+    for (; r + kR <= rows; r += kR) {
+      hook(step++, panels * blocks);
       row_block<kR, op>(pv, a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
-    if (r < rows)
+    }
+    if (r < rows) {
+      hook(step++, panels * blocks);
       tail_rows<op>(rows - r, pv, a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
+    }
   }
 }
 

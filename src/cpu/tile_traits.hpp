@@ -23,9 +23,9 @@ struct TileShape {
 // (block_m x block_n fp32) and the packed K/V panels inside the 2 MiB L2 while giving the
 // softmax row pass long contiguous rows.
 inline constexpr TileShape kFwdTiles[] = {
-    {64, 128, 128},
-    {128, 128, 128},
-    {256, 64, 128},
+    {64, 256, 128},
+    {128, 256, 128},
+    {256, 128, 128},
 };
 
 // Backward (FA-2 Alg. 2): five tiles live per step (S/P, dP/dS, the Q, dO tiles and the dK, dV
