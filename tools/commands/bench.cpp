@@ -148,8 +148,9 @@ int bench(const BenchArgs& a) {
           for (int pass = 0; pass < 2; ++pass) {
             const bool bwd = pass == 1;
             if ((bwd && !do_bwd) || (!bwd && !do_fwd)) continue;
-            const Measurement m = measure([&] { return bwd ? runner.backward() : runner.forward(); }, a.repeats,
-                                          a.max_seconds);
+            Measurement m = measure([&] { return bwd ? runner.backward() : runner.forward(); }, a.repeats,
+                                    a.max_seconds);
+            if (device == Device::cuda) m.work_mib = -1;  // host RSS says nothing about GPU memory
             const double gflops = attention_flops(s, bwd) / m.median_s * 1e-9;
             const std::string kernel = runner.kernel(bwd ? Pass::backward : Pass::forward);
             std::printf("%-4s %-5s %5lld %7lld %-6s %11.3f %10.2f %10.1f %5d  %s\n", bwd ? "bwd" : "fwd",

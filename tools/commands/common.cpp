@@ -324,8 +324,10 @@ void Runner::download() {
 #endif
 }
 
+Plan Runner::plan(Pass pass) const { return flashattn::plan(run_, pass); }
+
 std::string Runner::kernel(Pass pass) const {
-  const Plan pl = plan(run_, pass);
+  const Plan pl = plan(pass);
   return pl.ok ? pl.kernel : "none (" + pl.reason + ")";
 }
 

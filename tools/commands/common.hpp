@@ -65,7 +65,8 @@ class Runner {
   double forward();   // seconds, synchronized
   double backward();  // seconds, synchronized; needs t.dout
   void download();    // cuda: copies out, lse, dq, dk, dv back to the host tensors (cpu: no-op)
-  std::string kernel(Pass pass) const;  // the kernel plan() names for this call
+  Plan plan(Pass pass) const;           // plan() for this call on its device
+  std::string kernel(Pass pass) const;  // the kernel plan() names, or "none (reason)"
   const AttentionParams& host_params() const { return host_; }
 
  private:
