@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/bwd_traits.hpp"
 #include "cuda/cuda_check.hpp"
@@ -134,7 +135,8 @@ struct SeqMask {
   int len_q, len_k, off, wl, wr;
 
   __device__ __forceinline__ bool visible(int i, int j) const {
-    return i < len_q && j < len_k && (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
+    // Non-short-circuit &, |: one predicate chain, no branches.
+    return (i < len_q) & (j < len_k) & ((wl < 0) | (j >= i + off - wl)) & ((wr < 0) | (j <= i + off + wr));
   }
   // True when every (i, j) of the tile [i0, i0 + ti) x [j0, j0 + tj) is visible.
   __device__ __forceinline__ bool tile_full(int i0, int ti, int j0, int tj) const {
@@ -330,37 +332,50 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
     // P and dS, element by element. Resident row rl, streamed column cl of the block's tile.
     const int qi0 = kDqMode ? r0 : s0, kj0 = kDqMode ? s0 : r0;
     const bool edge = kDqMode ? !mask.tile_full(r0, R, s0, S) : !mask.tile_full(s0, S, r0, R);
-    const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+    const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;  // 0: no ALiBi
     const float* lse_row = sLse + (kDqMode ? 0 : buf * MR);
     const float* dsum_row = sDsum + (kDqMode ? 0 : buf * MR);
+    // One specialization per (score modifiers, edge tile): the uniform tests stay out of the
+    // per-element code (tested per element, they compiled to branches around every element).
+    auto scores = [&](auto modified_c, auto edge_c) {
+      constexpr bool kModified = decltype(modified_c)::value, kEdge = decltype(edge_c)::value;
 #pragma unroll
-    for (int m = 0; m < SM; ++m)
+      for (int m = 0; m < SM; ++m)
 #pragma unroll
-    for (int n = 0; n < SN; ++n) {
+      for (int n = 0; n < SN; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rl = s_row + m * 16 + g + (e >> 1) * 8;
-        const int cl = s_col + n * 8 + 2 * tq + (e & 1);
-        const int stat = kDqMode ? rl : cl;
-        const int i = qi0 + (kDqMode ? rl : cl), j = kj0 + (kDqMode ? cl : rl);
-        const float lse2 = lse_row[stat];
-        float pv, dtanh = 1.f;
-        if (!modified) {
-          pv = fast_exp2(acc_s[m][n][e] * scale_log2 - lse2);
-        } else {
-          float x = acc_s[m][n][e] * scale;
-          if (cap > 0.f) {
-            const float th = tanhf(x / cap);
-            x = cap * th;
-            dtanh = 1.f - th * th;
+        for (int e = 0; e < 4; ++e) {
+          const int rl = s_row + m * 16 + g + (e >> 1) * 8;
+          const int cl = s_col + n * 8 + 2 * tq + (e & 1);
+          const int stat = kDqMode ? rl : cl;
+          const int i = qi0 + (kDqMode ? rl : cl), j = kj0 + (kDqMode ? cl : rl);
+          float pv, dtanh = 1.f;
+          if constexpr (!kModified) {
+            pv = fast_exp2(acc_s[m][n][e] * scale_log2 - lse_row[stat]);
+          } else {
+            float x = acc_s[m][n][e] * scale;
+            if (cap > 0.f) {
+              const float th = tanhf(x / cap);
+              x = cap * th;
+              dtanh = 1.f - th * th;
+            }
+            x -= slope * fabsf(static_cast<float>(i + mask.off - j));
+            pv = fast_exp2(x * kLog2e - lse_row[stat]);
           }
-          if (p.alibi_slopes != nullptr) x -= slope * fabsf(static_cast<float>(i + mask.off - j));
-          pv = fast_exp2(x * kLog2e - lse2);
+          if constexpr (kEdge) pv = mask.visible(i, j) ? pv : 0.f;
+          acc_s[m][n][e] = pv;
+          acc_dp[m][n][e] = pv * (acc_dp[m][n][e] - dsum_row[stat]) * dtanh;
         }
-        if (edge && !mask.visible(i, j)) pv = 0.f;
-        acc_s[m][n][e] = pv;
-        acc_dp[m][n][e] = pv * (acc_dp[m][n][e] - dsum_row[stat]) * dtanh;
       }
+    };
+    using True = std::true_type;
+    using False = std::false_type;
+    if (modified) {
+      if (edge) scores(True{}, True{});
+      else scores(True{}, False{});
+    } else {
+      if (edge) scores(False{}, True{});
+      else scores(False{}, False{});
     }
 #pragma unroll
     for (int m = 0; m < SM; ++m)
