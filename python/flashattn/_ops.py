@@ -15,7 +15,8 @@ Layouts are the library's (see include/flashattn/flashattn.hpp):
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import ctypes
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -37,40 +38,63 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
     return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+_I64x4 = ctypes.c_int64 * 4
+
+
 def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
-    """An fa_tensor describing t (an empty one, meaning "not given", for None)."""
+    """An fa_tensor describing t (an empty one, meaning "not given", for None).
+
+    Called several times per attention call, so it builds the struct in one constructor call
+    (field-by-field ctypes assignment costs several times more).
+    """
     if t is None:
         return _capi.FaTensor()
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
         raise FlashAttnError(f"{name}: expected dtype float32, float16, bfloat16 (int32 for cu_seqlens), got {t.dtype}")
-    if t.device.type == "cpu":
-        device, index = _capi.DEVICE_CPU, 0
-    elif t.device.type == "cuda":
-        device, index = _capi.DEVICE_CUDA, t.device.index if t.device.index is not None else torch.cuda.current_device()
+    shape = t.shape
+    if len(shape) > 4:
+        raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(shape)}")
+    device = t.device
+    if device.type == "cpu":
+        dev, index = _capi.DEVICE_CPU, 0
+    elif device.type == "cuda":
+        dev, index = _capi.DEVICE_CUDA, device.index if device.index is not None else torch.cuda.current_device()
     else:
-        raise FlashAttnError(f"{name}: expected a cpu or cuda tensor, got device {t.device}")
-    return _capi.make_tensor(t.data_ptr(), code, device, index, tuple(t.shape), tuple(t.stride()))
+        raise FlashAttnError(f"{name}: expected a cpu or cuda tensor, got device {device}")
+    return _capi.FaTensor(t.data_ptr(), code, dev, index, len(shape), _I64x4(*shape), _I64x4(*t.stride()))
+
+
+# Scalar options travel as two lists, int_opts = [max_seqlen_q, max_seqlen_k, causal, causal_align
+# (0 bottom_right, 1 top_left), window_size_left, window_size_right, deterministic] and float_opts =
+# [softmax_scale (0 = 1/sqrt(head_dim)), softcap]: torch's custom-op autograd wrapper re-reads the
+# schema once per argument on every call (torch/_library/utils.py fill_defaults), which cost ~130 us
+# per call with one schema argument per option and a third of that with two lists.
+NUM_INT_OPTS, NUM_FLOAT_OPTS = 7, 2
+
+
+def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
+                 window_size_left: int, window_size_right: int, softcap: float,
+                 deterministic: bool) -> Tuple[List[int], List[float]]:
+    """The (int_opts, float_opts) lists of flashattn::fwd / bwd."""
+    if causal_align not in _ALIGN_CODES:
+        raise FlashAttnError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
+    ints = [int(max_seqlen_q), int(max_seqlen_k), int(bool(causal)), _ALIGN_CODES[causal_align],
+            int(window_size_left), int(window_size_right), int(bool(deterministic))]
+    return ints, [float(softmax_scale), float(softcap)]
 
 
 def _fill_common(p: _capi.FaParams, q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
-                 window_size_left: int, window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                 deterministic: bool) -> None:
-    if causal_align not in _ALIGN_CODES:
-        raise FlashAttnError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
+                 alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> None:
+    if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
+        raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
+                             f"got {len(int_opts)} and {len(float_opts)}")
+    (p.max_seqlen_q, p.max_seqlen_k, p.causal, p.causal_align, p.window_size_left, p.window_size_right,
+     p.deterministic) = int_opts
+    p.softmax_scale, p.softcap = float_opts
     p.cu_seqlens_q = _view(cu_seqlens_q, "cu_seqlens_q")
     p.cu_seqlens_k = _view(cu_seqlens_k, "cu_seqlens_k")
-    p.max_seqlen_q = max_seqlen_q
-    p.max_seqlen_k = max_seqlen_k
-    p.softmax_scale = softmax_scale
-    p.causal = int(causal)
-    p.causal_align = _ALIGN_CODES[causal_align]
-    p.window_size_left = window_size_left
-    p.window_size_right = window_size_right
-    p.softcap = softcap
     p.alibi_slopes = _view(alibi_slopes, "alibi_slopes")
-    p.deterministic = int(deterministic)
     if q.device.type == "cuda":
         p.stream = torch.cuda.current_stream(q.device).cuda_stream
     else:
@@ -99,31 +123,26 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
-        window_size_left: int, window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        deterministic: bool) -> Tuple[Tensor, Tensor]:
-    """Attention forward (FA-2 Alg. 1). Returns (out, lse); see the module docstring for layouts.
-
-    softmax_scale 0 means 1/sqrt(head_dim). deterministic only matters to the backward and is
-    carried here so that autograd can hand it on.
+        alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+    """Attention forward (FA-2 Alg. 1). Returns (out, lse); layouts in the module docstring, options
+    as pack_options() makes them. deterministic only matters to the backward and is carried here
+    so that autograd can hand it on.
     """
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if v.dim() < 1:
         raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
     out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
-    p = _capi.new_params()
+    p = _capi.FaParams()
     p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
     p.out, p.lse = _view(out, "out"), _view(lse, "lse")
-    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align,
-                 window_size_left, window_size_right, softcap, alibi_slopes, deterministic)
+    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     _run(_capi.forward, q, p)
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align,
-              window_size_left, window_size_right, softcap, alibi_slopes, deterministic):
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     return out, lse
@@ -131,9 +150,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 
 @torch.library.custom_op("flashattn::bwd", mutates_args=())
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
-        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-        causal_align: str, window_size_left: int, window_size_right: int, softcap: float,
-        alibi_slopes: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
+        float_opts: List[float]) -> Tuple[Tensor, Tensor, Tensor]:
     """Attention backward (FA-2 Alg. 2). Returns (dq, dk, dv) with the shapes and dtype of q, k, v.
 
     lse must be the forward's. For GQA, dk/dv of a KV head sum over the query heads that read it.
@@ -142,30 +160,25 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    p = _capi.new_params()
+    p = _capi.FaParams()
     p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
     p.out, p.lse, p.dout = _view(out, "out"), _view(lse, "lse"), _view(dout, "dout")
     p.dq, p.dk, p.dv = _view(dq, "dq"), _view(dk, "dk"), _view(dv, "dv")
-    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align,
-                 window_size_left, window_size_right, softcap, alibi_slopes, deterministic)
+    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     _run(_capi.backward, q, p)
     return dq, dk, dv
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, causal_align, window_size_left, window_size_right, softcap, alibi_slopes, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align,
-     window_size_left, window_size_right, softcap, alibi_slopes, deterministic) = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align, window_size_left,
-                window_size_right, softcap)
-    ctx.deterministic = deterministic
+    ctx.opts = (int_opts, float_opts)
     # The gradient through lse is not implemented (as in flash-attn): mark it so that autograd says
     # so instead of silently dropping a term.
     ctx.mark_non_differentiable(lse)
@@ -173,12 +186,8 @@ def _fwd_setup_context(ctx, inputs, output):
 
 def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, causal_align, window_size_left, window_size_right,
-     softcap) = ctx.args
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, causal_align, window_size_left, window_size_right, softcap, alibi_slopes,
-                     ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts)
+    return dq, dk, dv, None, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

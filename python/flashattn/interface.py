@@ -31,6 +31,7 @@ from . import _ops
 from ._capi import FlashAttnError
 
 _ALIGNS = ("bottom_right", "top_left")
+_fwd = torch.ops.flashattn.fwd.default  # the OpOverload: calling it skips the packet's overload lookup
 
 
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
@@ -93,8 +94,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     """
     scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
                                        causal_align)
-    out, lse = torch.ops.flashattn.fwd(q, k, v, None, None, 0, 0, scale, bool(causal), causal_align, left, right,
-                                       float(softcap), alibi_slopes, bool(deterministic))
+    int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
+    out, lse = _fwd(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
     return (out, lse) if return_lse else out
 
 
@@ -130,9 +131,9 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                                        causal_align)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected int32 tensors [batch + 1], got None")
-    out, lse = torch.ops.flashattn.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                       scale, bool(causal), causal_align, left, right, float(softcap), alibi_slopes,
-                                       bool(deterministic))
+    int_opts, float_opts = _ops.pack_options(max_seqlen_q, max_seqlen_k, scale, causal, causal_align, left, right,
+                                             softcap, deterministic)
+    out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     return (out, lse) if return_lse else out
 
 

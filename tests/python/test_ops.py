@@ -6,6 +6,7 @@ torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
 from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flashattn._ops import pack_options  # noqa: E402
 
 CUDA_OK = torch.cuda.is_available() and flashattn.cuda_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -28,7 +29,8 @@ def fwd_args(device, dtype=None, varlen=False, alibi=False, causal=True, align="
         lens = (0, 0)
     q, k, v = (t.to(dtype=dtype, device=device).requires_grad_(requires_grad) for t in (q, k, v))
     slopes = (torch.rand(h) * 0.3 + 0.1).to(device) if alibi else None
-    return (q, k, v, cu_q, cu_k, lens[0], lens[1], 0.0, causal, align, -1, -1, softcap, slopes, False)
+    int_opts, float_opts = pack_options(lens[0], lens[1], 0.0, causal, align, -1, -1, softcap, False)
+    return (q, k, v, cu_q, cu_k, slopes, int_opts, float_opts)
 
 
 OPCHECK_CASES = {
@@ -51,12 +53,11 @@ def test_opcheck_fwd(device, case):
 @pytest.mark.parametrize("case", list(OPCHECK_CASES))
 def test_opcheck_bwd(device, case):
     args = fwd_args(device, requires_grad=False, **OPCHECK_CASES[case])
-    q, k, v, cu_q, cu_k, mq, mk, scale, causal, align, wl, wr, softcap, slopes, det = args
+    q, k, v, cu_q, cu_k, slopes, int_opts, float_opts = args
     out, lse = torch.ops.flashattn.fwd(*args)
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.flashattn.bwd.default,
-                          (dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal, align, wl, wr, softcap,
-                           slopes, det))
+                          (dout, q, k, v, out, lse, cu_q, cu_k, slopes, int_opts, float_opts))
 
 
 def attention_block(x, w_qkv, w_o, num_heads):
