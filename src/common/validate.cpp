@@ -147,6 +147,35 @@ int64_t check_cu_seqlens(const char* name, const TensorView& t, int64_t batch, i
   return max_len;
 }
 
+// Byte range [lo, hi) that a view can touch; empty for a tensor with no elements. check_tensor()
+// has already proven that the arithmetic fits in int64.
+struct Extent {
+  uintptr_t lo = 0, hi = 0;
+};
+
+Extent extent(const TensorView& t) {
+  Extent e;
+  if (!t.defined() || t.numel() == 0) return e;
+  int64_t max_offset = 0;
+  for (int32_t d = 0; d < t.ndim; ++d) max_offset += (t.shape[d] - 1) * (d == t.ndim - 1 ? 1 : t.stride[d]);
+  e.lo = reinterpret_cast<uintptr_t>(t.data);
+  e.hi = e.lo + static_cast<uintptr_t>(max_offset + 1) * dtype_size(t.dtype);
+  return e;
+}
+
+// An output whose memory overlaps an input's would be read after being written (the backends
+// stream through their inputs while writing). Outputs may share memory among themselves (e.g.
+// dq, dk, dv as views of one packed dqkv tensor) as long as their elements are disjoint, which a
+// byte-range test cannot tell, so only output-vs-input pairs are checked.
+void check_no_alias(const char* out_name, const TensorView& out, const char* in_name, const TensorView& in) {
+  const Extent a = extent(out), b = extent(in);
+  if (a.lo == a.hi || b.lo == b.hi) return;
+  if (a.lo < b.hi && b.lo < a.hi) {
+    fail(std::string(out_name) + ": expected memory disjoint from " + in_name +
+         " (an output must not alias an input), got overlapping byte ranges");
+  }
+}
+
 void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
   if (hint < 0) fail(std::string(name) + ": expected >= 0 (0 = derive), got " + std::to_string(hint));
   if (hint > 0 && hint < real_max) {
@@ -380,6 +409,24 @@ Params validate(const AttentionParams& a, Pass pass) {
     } else {
       check_dim("alibi_slopes", s, 0, "batch", batch, "from q");
       check_dim("alibi_slopes", s, 1, "num_heads", num_heads, "from q");
+    }
+  }
+
+  // Outputs must not overlap inputs.
+  {
+    const Named inputs_fwd[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                                {"cu_seqlens_k", &a.cu_seqlens_k}, {"alibi_slopes", &a.alibi_slopes}};
+    const Named inputs_bwd[] = {{"out", &a.out}, {"lse", &a.lse}, {"dout", &a.dout}};
+    const Named outputs_fwd[] = {{"out", &a.out}, {"lse", &a.lse}};
+    const Named outputs_bwd[] = {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
+    if (!bwd) {
+      for (const Named& o : outputs_fwd)
+        for (const Named& i : inputs_fwd) check_no_alias(o.name, *o.t, i.name, *i.t);
+    } else {
+      for (const Named& o : outputs_bwd) {
+        for (const Named& i : inputs_fwd) check_no_alias(o.name, *o.t, i.name, *i.t);
+        for (const Named& i : inputs_bwd) check_no_alias(o.name, *o.t, i.name, *i.t);
+      }
     }
   }
 

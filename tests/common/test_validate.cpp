@@ -275,6 +275,24 @@ const ErrorCase kCases[] = {
     {"AlibiNull", Pass::forward, false,
      [](AttentionParams& a) { a.alibi_slopes = make_tensor(nullptr, DType::f32, {4}); }, "alibi_slopes",
      "got nullptr"},
+    // Aliasing: an output overlapping an input.
+    {"OutAliasesQ", Pass::forward, false, [](AttentionParams& a) { a.out.data = a.q.data; }, "out",
+     "memory disjoint from q (an output must not alias an input), got overlapping byte ranges"},
+    {"LseAliasesV", Pass::forward, false,
+     [](AttentionParams& a) { a.lse.data = static_cast<char*>(a.v.data) + 4; }, "lse", "disjoint from v"},
+    // (The smaller view moves inside the larger one's storage, so nothing else can overlap.)
+    {"DqAliasesDout", Pass::backward, false, [](AttentionParams& a) { a.dout.data = a.dq.data; }, "dq",
+     "disjoint from dout"},
+    {"DvAliasesLse", Pass::backward, false, [](AttentionParams& a) { a.lse.data = a.dv.data; }, "dv",
+     "disjoint from lse"},
+    {"DkAliasesCuSeqlens", Pass::backward, true,
+     [](AttentionParams& a) {
+       // cu_seqlens_k moved (valid contents) into dk's own storage.
+       int32_t* inside_dk = static_cast<int32_t*>(a.dk.data);
+       for (int i = 0; i < 4; ++i) inside_dk[i] = cu_k(a)[i];
+       a.cu_seqlens_k.data = inside_dk;
+     },
+     "dk", "disjoint from cu_seqlens_k"},
 };
 
 class ValidationError : public ::testing::TestWithParam<ErrorCase> {};
@@ -451,6 +469,27 @@ TEST(Validation, VarlenSizesAndStrides) {
   p = detail::validate(a, Pass::forward);
   EXPECT_EQ(p.seqlen_q, 4);
   EXPECT_EQ(p.seqlen_k, 5);
+}
+
+TEST(Validation, PackedOutputsMayShareABuffer) {
+  // dq and dk as interleaved views of one [batch, seqlen, 2, heads, dim] buffer (qkv-packed
+  // layouts): their byte ranges overlap, their elements do not, and only output-vs-input overlap
+  // is an error.
+  ProblemConfig c = base_config(false);
+  c.seqlen_k = c.seqlen_q;
+  c.num_heads_k = c.num_heads;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  std::vector<float> packed(static_cast<size_t>(2 * 5 * 2 * 4 * 8));
+  for (int i = 0; i < 2; ++i) {
+    TensorView& t = i == 0 ? a.dq : a.dk;
+    t.data = packed.data() + i * 4 * 8;
+    t.stride[0] = 5 * 2 * 4 * 8;
+    t.stride[1] = 2 * 4 * 8;
+    t.stride[2] = 8;
+    t.stride[3] = 1;
+  }
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
 }
 
 TEST(Validation, EmptyProblemsAreValid) {
