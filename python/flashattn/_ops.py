@@ -24,6 +24,9 @@ from torch import Tensor
 from . import _capi
 from ._capi import FlashAttnError
 
+if not all(hasattr(torch.library, name) for name in ("custom_op", "register_fake", "register_autograd")):
+    raise ImportError(f"flashattn needs PyTorch >= 2.4 (torch.library.custom_op), found torch {torch.__version__}")
+
 _DTYPE_CODES = {
     torch.float32: _capi.DTYPE_F32,
     torch.float16: _capi.DTYPE_F16,
