@@ -22,7 +22,7 @@ if [ "$mode" = build ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   # FLASHATTN_NATIVE=OFF: the device's CPU is not this one.
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_NATIVE=OFF \
-    -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_BWD="${CUDA_BWD:-ON}" >/dev/null
+    -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_BWD="${CUDA_BWD:-ON}" -DFLASHATTN_CUDA_FWD_SWEEP="${FWD_SWEEP:-OFF}" >/dev/null
   start=$(date +%s)
   nice -n 5 cmake --build build-gpu --target test_cuda flashattn -j2 2>&1 | tee build-gpu/build.log |
     grep -E "error|FAILED" || true

@@ -55,16 +55,27 @@ def make_inputs(b, s, h, hk, d, dtype):
 
 # ---- the contenders: each returns (fwd_fn, bwd_fn) over [batch, seqlen, heads, dim] inputs ----
 
-def ours(q, k, v, do, causal):
-    ops = torch.ops.flashattn
-    args = (None, None, 0, 0, 0.0, causal, "bottom_right", -1, -1, 0.0, None, False)
-    out, lse = ops.fwd(q, k, v, *args)
+def ours(q, k, v, do, causal, variant=None):
+    """Through the package's public flash_attn_func (its op layer is an internal detail)."""
+    import flashattn
+
+    def select():
+        if variant is not None:  # a FLASHATTN_CUDA_FWD_SWEEP build's alternative tile configuration
+            os.environ["FLASHATTN_FWD_VARIANT"] = str(variant)
+        else:
+            os.environ.pop("FLASHATTN_FWD_VARIANT", None)
 
     def fwd():
-        return ops.fwd(q, k, v, *args)
+        select()
+        with torch.no_grad():
+            return flashattn.flash_attn_func(q, k, v, causal=causal)
+
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    select()
+    out = flashattn.flash_attn_func(qg, kg, vg, causal=causal)
 
     def bwd():
-        return ops.bwd(do, q, k, v, out, lse, None, None, 0, 0, 0.0, causal, "bottom_right", -1, -1, 0.0, None, False)
+        return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
     return fwd, bwd
 
@@ -137,6 +148,8 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--flex-seqlens", default="2048,8192", help="seqlens on which FlexAttention runs ('' = none)")
     ap.add_argument("--rep-ms", type=float, default=60.0)
+    ap.add_argument("--ours-variants", default="", help="also time these FLASHATTN_FWD_VARIANT values (sweep builds)")
+    ap.add_argument("--peers", default="fa2,cudnn,flex", help="which peers to run")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,10 +159,15 @@ def main():
         import flashattn  # noqa: F401  (registers torch.ops.flashattn)
 
         contenders["ours"] = ours
+        for var in [int(x) for x in args.ours_variants.split(",") if x]:
+            contenders[f"ours_v{var}"] = (lambda var: lambda q, k, v, do, c: ours(q, k, v, do, c, var))(var)
     except Exception as e:  # report, keep benchmarking the peers
         print(f"ours: unavailable ({e})", file=sys.stderr)
         del contenders["ours"]
 
+    for peer in ("fa2", "cudnn", "flex"):
+        if peer not in args.peers.split(","):
+            contenders.pop(peer, None)
     flex_seqlens = {int(x) for x in args.flex_seqlens.split(",") if x}
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
     seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
@@ -202,7 +220,7 @@ def main():
                 # Agreement with FA-2 (a sanity check, not the accuracy test: tests/cuda does that).
                 for rec in rows:
                     o = rec.pop("out", None)
-                    if o is not None and ref_out is not None and rec["impl"] != "fa2":
+                    if o is not None and ref_out is not None and rec["impl"] != "fa2" and rec["shape"] == name:
                         rec["max_rel_diff_vs_fa2"] = max_rel_err(o, ref_out)
                 del q, k, v, do, ref_out
                 line = [r for r in rows if r["shape"] == name and r["causal"] == causal and

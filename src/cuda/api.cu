@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,6 +24,10 @@
 #endif
 
 namespace flashattn::cuda {
+
+#ifdef FLASHATTN_CUDA_FWD_SWEEP
+bool launch_fwd_sweep(int variant, int head_dim, const FwdParams& p, int batch, int max_seqlen_q, void* stream);
+#endif
 
 namespace {
 
@@ -361,6 +366,11 @@ void forward(const detail::Params& p) {
   if (!l.error.empty()) throw Error(l.error);
   if (p.batch == 0 || l.max_q == 0 || p.num_heads == 0) return;
   const FwdParams f = make_fwd_params(p, l.max_q, l.max_k);
+#ifdef FLASHATTN_CUDA_FWD_SWEEP
+  if (const char* v = std::getenv("FLASHATTN_FWD_VARIANT"); v != nullptr && p.dtype == DType::bf16)
+    if (launch_fwd_sweep(std::atoi(v), k->head_dim, f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream))
+      return;
+#endif
   k->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream);
 }
 

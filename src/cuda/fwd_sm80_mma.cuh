@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/fwd_traits.hpp"
@@ -52,12 +53,10 @@ __device__ __forceinline__ void load_tile(Storage* smem, const Storage* gmem, in
 
 }  // namespace fwd_detail
 
-template <typename Elem, int kHeadDim>
-__global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
-    fwd_sm80_kernel(const __grid_constant__ FwdParams p) {
-  using Shape = FwdShape<kHeadDim>;
+template <typename Elem, typename Shape>
+__global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_constant__ FwdParams p) {
   using Storage = typename Elem::Storage;
-  constexpr int D = kHeadDim, BM = Shape::kBlockM, BN = Shape::kBlockN, MT = Shape::kMTiles;
+  constexpr int D = Shape::kHeadDim, BM = Shape::kBlockM, BN = Shape::kBlockN, MT = Shape::kMTiles;
   constexpr int NT = Shape::kThreads;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
@@ -100,6 +99,19 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
 
+  // ldmatrix row addresses. Every row a thread points ldmatrix at is ≡ lane (mod 8), and its
+  // chunks are 8q + 2j + h with j = 0..3, so under the XOR swizzle (chunk c of row r at
+  // (c & ~7) | ((c ^ r) & 7)) four base addresses per operand plus compile-time offsets cover
+  // every fragment load: no per-load address arithmetic in the key loop.
+  uint32_t q_addr[4], k_addr[4], v_addr[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int x = lane & 7;
+    q_addr[j] = smem_addr(sQ + (warp * 16 + lane % 16) * D + (((2 * j + lane / 16) ^ x) << 3));
+    k_addr[j] = smem_addr(sK + ((lane % 8) + (lane / 16) * 8) * D + (((2 * j + (lane / 8) % 2) ^ x) << 3));
+    v_addr[j] = smem_addr(sV + ((lane % 8) + ((lane / 8) % 2) * 8) * D + (((2 * j + lane / 16) ^ x) << 3));
+  }
+
   float o[MT][D / 8][4];
   float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
@@ -139,24 +151,24 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
                                        p.head_dim_v, p.v);
       cp_async_commit();
 
-      // S = Q K(nb)ᵀ. The k-step loop only moves shared-memory addresses, so it stays rolled: fully
-      // unrolled, the compiler hoists every step's fragments and spills (ptxas -v, hdim 128).
-#pragma unroll 1
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t a[MT][4];
+      // S = Q K(nb)ᵀ, in groups of 4 k-steps (64 columns of head_dim). kQKUnroll groups are
+      // unrolled: fully unrolled at hdim 128 the compiler hoists every fragment and spills.
+#pragma unroll Shape::kQKUnroll
+      for (int kq = 0; kq < D / 64; ++kq) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          ldmatrix_x4(a[mt], smem_addr(sQ + swizzle_offset<D>(mt * 64 + warp * 16 + (lane % 16),
-                                                              ks * 2 + lane / 16)));
+        for (int j = 0; j < 4; ++j) {
+          uint32_t a[MT][4];
 #pragma unroll
-        for (int np = 0; np < BN / 16; ++np) {
-          uint32_t bk[4];
-          ldmatrix_x4(bk, smem_addr(sK + swizzle_offset<D>(np * 16 + (lane % 8) + (lane / 16) * 8,
-                                                           ks * 2 + (lane / 8) % 2)));
+          for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[j] + (mt * 64 * D + kq * 64) * 2);
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-            mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          for (int np = 0; np < BN / 16; ++np) {
+            uint32_t bk[4];
+            ldmatrix_x4(bk, k_addr[j] + (np * 16 * D + kq * 64) * 2);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+              mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+            }
           }
         }
       }
@@ -170,45 +182,70 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
         cp_async_commit();
       }
 
-      // Score modifiers: softcap · tanh(scale · s / softcap), then ALiBi's −slope · |i + offset − j|.
+      // Score modifiers and the mask work on k = (col − row − offset) − d_base, a compile-time
+      // constant per accumulator element, so each thread computes one int64 base per tile and
+      // every element costs a few int32 compares. One branch-free loop per modifier keeps the
+      // key loop's code small (per-element branches had grown it past the instruction cache).
+      const int64_t d_base = n0 + 2 * t - (m0 + warp * 16 + g + offset);
       if (modified) {
         const float cap = p.softcap;
-        const float pre = cap > 0.f ? p.softmax_scale / cap : p.softmax_scale;
+        if (cap > 0.f) {
+          const float pre = p.softmax_scale / cap;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+          for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
+            for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              float x = s[mt][j][c] * pre;
-              if (cap > 0.f) x = cap * tanhf(x);
-              if (p.alibi_slopes != nullptr) {
-                const int64_t row = m0 + mt * 64 + warp * 16 + g + (c / 2) * 8;
-                const int64_t col = n0 + j * 8 + 2 * t + (c % 2);
-                x -= slope * float(llabs(row + offset - col));
+              for (int c = 0; c < 4; ++c) s[mt][j][c] = cap * tanhf(s[mt][j][c] * pre);
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) s[mt][j][c] *= p.softmax_scale;
+        }
+        if (p.alibi_slopes != nullptr) {
+          // ALiBi: −slope · |i + offset − j| = −slope · |d_base + k|; float(d_base) is exact
+          // for |d_base| < 2^24 and within ALiBi's own float rounding beyond.
+          const float base = float(d_base);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int k = j * 8 + (c % 2) - mt * 64 - (c / 2) * 8;
+                s[mt][j][c] -= slope * fabsf(base + float(k));
               }
-              s[mt][j][c] = x;
-            }
+        }
       }
 
       // Per-element masking only where the tile crosses the sequence end or a window edge.
       const bool need_mask = n0 + BN > len_k ||
                              (p.window_size_left >= 0 && n0 < last_row + offset - p.window_size_left) ||
                              (p.window_size_right >= 0 && n0 + BN - 1 > m0 + offset + p.window_size_right);
-      if (need_mask) {
+      // The rest of the tile is instantiated twice, with and without the mask, so that the
+      // common unmasked tiles carry no compares (the compiler if-converted a plain branch).
+      auto finish_tile = [&](auto masked) {
+      if constexpr (decltype(masked)::value) {
+        // Visible iff col < len_k, col − row − offset >= −window_size_left and <= window_size_right;
+        // in terms of k: k < k_end, k >= k_lo, k <= k_hi. |k| < 2^8, so clamping the bounds to
+        // ±2^20 keeps them exact in int32.
+        constexpr int64_t kClamp = 1 << 20;
+        auto clamp = [](int64_t x) { return int(x < -kClamp ? -kClamp : (x > kClamp ? kClamp : x)); };
+        const int k_end = clamp(len_k - n0 - 2 * t);
+        const int k_lo = p.window_size_left >= 0 ? clamp(-p.window_size_left - d_base) : -int(kClamp);
+        const int k_hi = p.window_size_right >= 0 ? clamp(p.window_size_right - d_base) : int(kClamp);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              const int64_t row = m0 + mt * 64 + warp * 16 + g + (c / 2) * 8;
-              const int64_t col = n0 + j * 8 + 2 * t + (c % 2);
-              const bool visible =
-                  col < len_k &&
-                  (p.window_size_left < 0 || col >= row + offset - p.window_size_left) &&
-                  (p.window_size_right < 0 || col <= row + offset + p.window_size_right);
-              if (!visible) s[mt][j][c] = -INFINITY;
+              const int kc = j * 8 + (c % 2);                    // col − (n0 + 2t)
+              const int k = kc - mt * 64 - (c / 2) * 8;          // (col − row − offset) − d_base
+              if (kc >= k_end || k < k_lo || k > k_hi) s[mt][j][c] = -INFINITY;
             }
       }
 
@@ -257,8 +294,7 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, smem_addr(sV + swizzle_offset<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
-                                                                 dp * 2 + lane / 16)));
+          ldmatrix_x4_trans(bv, v_addr[dp % 4] + (kk * 16 * D + (dp / 4) * 64) * 2);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma_16816<Elem>(o[mt][2 * dp], pa[mt], bv[0], bv[1]);
@@ -266,6 +302,9 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
           }
         }
       }
+      };
+      if (need_mask) finish_tile(std::true_type{});
+      else finish_tile(std::false_type{});
     }
   }
 
@@ -306,14 +345,18 @@ __global__ void __launch_bounds__(FwdShape<kHeadDim>::kThreads)
     }
 }
 
-template <typename Elem, int kHeadDim>
-void launch_fwd_sm80(const FwdParams& p, int batch, int max_seqlen_q, void* stream) {
-  using Shape = FwdShape<kHeadDim>;
-  auto kernel = fwd_sm80_kernel<Elem, kHeadDim>;
+template <typename Elem, typename Shape>
+void launch_fwd_sm80_config(const FwdParams& p, int batch, int max_seqlen_q, void* stream) {
+  auto kernel = fwd_sm80_kernel<Elem, Shape>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
   const dim3 grid((max_seqlen_q + Shape::kBlockM - 1) / Shape::kBlockM, p.num_heads, batch);
   kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p);
   FA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Elem, int kHeadDim>
+void launch_fwd_sm80(const FwdParams& p, int batch, int max_seqlen_q, void* stream) {
+  launch_fwd_sm80_config<Elem, typename FwdTraits<kHeadDim>::Config>(p, batch, max_seqlen_q, stream);
 }
 
 }  // namespace flashattn::cuda

@@ -32,39 +32,42 @@ struct FwdParams {
   int64_t alibi_batch_stride;
 };
 
-// One row per head_dim bucket (head_dim and head_dim_v both <= kHeadDim; smaller multiples of 8 are
-// zero-filled by predicated loads). 4 warps; each warp owns kMTiles 16-row tiles of the query
-// block, so block_m = 64 * kMTiles, and reuses every K/V fragment it loads kMTiles times.
-//   hdim 64:  block_m 128, block_n 64: S 64 + O 64 fp32 registers per thread; smem 32 KB (block_n
-//             128 spilled 536 bytes: S alone is 128 registers then).
-//   hdim 128: block_m 128, block_n 64 (FA-2's sm80 choice): S 64 + O 128 registers; smem 64 KB.
-//   hdim 256: block_m 64, block_n 64: O alone is 128 registers, so one m-tile per warp; 96 KB.
-template <int kHeadDim_>
-struct FwdTraits;
+// A tile configuration: head_dim bucket, block_n, m-tiles per warp, and how far the k-step loop of
+// S = Q Kᵀ is unrolled (fully unrolled, the compiler hoists every step's fragments and spills).
+template <int kHeadDim_, int kBlockN_, int kMTiles_, int kQKUnroll_>
+struct FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kMTiles = kMTiles_, kQKUnroll = kQKUnroll_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps * kMTiles;
+  // Q tile (reused for the output staging), one K tile and one V tile, 2 bytes per element.
+  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
+};
 
+// The shipped configuration per head_dim bucket (head_dim and head_dim_v both <= the bucket;
+// smaller multiples of 8 are zero-filled by predicated loads). 4 warps; each warp owns kMTiles
+// 16-row tiles of the query block (block_m = 64 · kMTiles) and reuses every K/V fragment it loads
+// kMTiles times. Measured on the H200, bf16 forward, FA-2 paper shapes (docs/perf-notes.md):
+//   hdim 64:  block_m 128, block_n 128 (FA-2's choice): S 128 + O 64 fp32 registers, 20 bytes
+//             spilled, smem 48 KB; 1-4% faster than block_n 64 (no spills) at seqlen >= 1k.
+//   hdim 128: block_m 128, block_n 64 (FA-2's choice), S = Q Kᵀ fully unrolled: S 64 + O 128
+//             registers, 88 bytes spilled, smem 64 KB; 3-10% faster than the rolled k loop
+//             (fewer spills but loop overhead); block_n 32 and block_m 64 were slower.
+//   hdim 256: block_m 64, block_n 64, fully unrolled: O alone is 128 registers, so one m-tile per
+//             warp; no spills (unroll 2 spilled 252 bytes); smem 96 KB.
+template <int kHeadDim>
+struct FwdTraits;
 template <>
 struct FwdTraits<64> {
-  static constexpr int kHeadDim = 64, kBlockN = 64, kMTiles = 2;
+  using Config = FwdConfig<64, 128, 2, 1>;
 };
 template <>
 struct FwdTraits<128> {
-  static constexpr int kHeadDim = 128, kBlockN = 64, kMTiles = 2;
+  using Config = FwdConfig<128, 64, 2, 2>;
 };
 template <>
 struct FwdTraits<256> {
-  static constexpr int kHeadDim = 256, kBlockN = 64, kMTiles = 1;
-};
-
-template <int kHeadDim>
-struct FwdShape {
-  using T = FwdTraits<kHeadDim>;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 16 * kWarps * T::kMTiles;
-  static constexpr int kBlockN = T::kBlockN;
-  static constexpr int kMTiles = T::kMTiles;
-  // Q tile (reused for the output staging), one K tile and one V tile, 2 bytes per element.
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
+  using Config = FwdConfig<256, 64, 1, 4>;
 };
 
 // Launches the forward kernel for one (element type, head_dim bucket), instantiated in the generated
@@ -73,5 +76,7 @@ struct F16;
 struct BF16;
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm80(const FwdParams& p, int batch, int max_seqlen_q, void* stream);
+template <typename Elem, typename Config>
+void launch_fwd_sm80_config(const FwdParams& p, int batch, int max_seqlen_q, void* stream);
 
 }  // namespace flashattn::cuda
