@@ -59,11 +59,13 @@ constexpr int kStatRowAlign = 128;
 //   score  Sᵀ, dPᵀ  [kRes x kStr]  kScoreWarpRows
 //   acc    dK, dV (or dQ in the dQ kernel)  [kRes x kHeadDim]  kAccWarpRows
 //   dq     dQ partial of the dK/dV kernel  [kStr x kHeadDim]  kDqWarpRows
-// Warp tiles of 32 x 32 or larger read at least 16 FLOP per shared-memory byte; the first version
-// (16-row warp tiles, 16 warps; 10.7 FLOP/byte) was shared-memory bound at 143-186 TFLOP/s for
-// hdim 128 (perf-notes.md). Registers: score tiles die before the dQ tile is born.
-//   hdim 64:  128 x 64, 8 warps, 2 blocks/SM: S,dP 32x32; dK,dV 32x32; dQ 32x16; smem 110 KB.
-//   hdim 128: 128 x 64, 8 warps: S,dP 32x32; dK,dV 32x64; dQ 32x32; smem 176 KB.
+// Warp tiles of 32 x 32 or larger read at least 16 FLOP per shared-memory byte. Registers: score
+// tiles die before the dQ tile is born. Measured on the H200, bf16 (perf-notes.md, v4):
+//   hdim 64:  128 x 64, 8 warps, 1 block/SM: S,dP 32x32; dK,dV 32x32; dQ 32x16; smem 110 KB.
+//             184 TFLOP/s at s4096; 64-key tiles at 2 blocks/SM gave 161, 128-key tiles at
+//             2 blocks/SM (spilling at 128 registers) 176.
+//   hdim 128: 128 x 64, 8 warps: S,dP 32x32; dK,dV 32x64; dQ 32x32; smem 176 KB. 235 TFLOP/s at
+//             s4096; 16 warps of 128 registers gave 199, 64-key tiles at 2 blocks/SM 174 (v3).
 //   hdim 256:  64 x 64, 8 warps: S,dP 32x16; dK,dV 32x64; dQ 32x64; smem 219 KB (needs sm_90's
 //             227 KB per block; on sm_80's 163 KB the launch reports the shortfall).
 template <int kHeadDim_>
@@ -71,8 +73,8 @@ struct BwdTraits;
 
 template <>
 struct BwdTraits<64> {
-  static constexpr int kHeadDim = 64, kRes = 64, kStr = 64, kWarps = 8, kMinBlocks = 2, kStages = 2;
-  static constexpr int kScoreWarpRows = 2, kAccWarpRows = 2, kDqWarpRows = 2;
+  static constexpr int kHeadDim = 64, kRes = 128, kStr = 64, kWarps = 8, kMinBlocks = 1, kStages = 2;
+  static constexpr int kScoreWarpRows = 4, kAccWarpRows = 4, kDqWarpRows = 2;
 };
 template <>
 struct BwdTraits<128> {
