@@ -186,7 +186,12 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   float* sLse = reinterpret_cast<float*>(sY + R * LDX);  // [2][MR] lse·log2e of query rows
   float* sDsum = sLse + 2 * MR;                          // [2][MR] D of query rows
 
-  const int b = blockIdx.z;
+  // Grid: x = (head, batch) pairs, y = resident tiles. Blocks start in linear order (x fastest), so
+  // every (head, batch) runs its heaviest tile before any runs a lighter one: under a causal mask
+  // the low key tiles (dK/dV kernel) and the high query tiles (dQ kernel) do the most work, and
+  // the light ones fill the last wave.
+  const int heads = kDqMode ? p.num_heads : p.num_heads_k;
+  const int b = blockIdx.x / heads, head = blockIdx.x % heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Warp tile origins (row, column) in each product.
   const int s_row = (warp % (R / (16 * SM))) * SM * 16, s_col = (warp / (R / (16 * SM))) * SN * 8;
@@ -210,14 +215,13 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   const int64_t stat_rows = p.stat_rows;
 
   // Resident tile: keys [r0, r0 + R) of KV head hk, or queries [r0, r0 + R) of head h.
-  // Heaviest blocks first: under a causal mask low key tiles and high query tiles do the most work.
-  const int tile = kDqMode ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int tile = kDqMode ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int r0 = tile * R;
   int first = 0, count = 0;  // streamed tiles [first, first + count) per head
   int hk, h_fixed;
   if constexpr (!kDqMode) {
     if (r0 >= len_k) return;  // varlen: this sequence is shorter than max_seqlen_k
-    hk = blockIdx.y;
+    hk = head;
     h_fixed = 0;
     load_tile<R, D, LD, NTH>(sR0, k_base + b * p.k_batch_stride + (k_start + r0) * p.k_row_stride +
                                       hk * p.k_head_stride,
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
     }
   } else {
     if (r0 >= len_q) return;
-    h_fixed = blockIdx.y;
+    h_fixed = head;
     hk = h_fixed / p.head_ratio;
     load_tile<R, D, LD, NTH>(sR0, q_base + b * p.q_batch_stride + (q_start + r0) * p.q_row_stride +
                                       h_fixed * p.q_head_stride,
@@ -483,7 +487,7 @@ void launch_bwd_sm80(const BwdParams& p, void* stream) {
                 std::to_string(optin));
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int rows = kDqMode ? p.seqlen_q : p.seqlen_k;
-  const dim3 grid((rows + Shape::kRes - 1) / Shape::kRes, kDqMode ? p.num_heads : p.num_heads_k, p.batch);
+  const dim3 grid((kDqMode ? p.num_heads : p.num_heads_k) * p.batch, (rows + Shape::kRes - 1) / Shape::kRes);
   kernel<<<grid, Shape::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   FA_CUDA_CHECK(cudaGetLastError());
 }
