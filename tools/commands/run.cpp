@@ -68,21 +68,22 @@ class InputFiles {
 };
 
 std::pair<int64_t, int64_t> parse_window(const std::string& text) {
-  const auto comma = text.find(',');
+  auto fail = [&]() -> Error {
+    return Error("--window: expected L,R with integers >= -1 (-1 = unbounded), got '" + text + "'");
+  };
   auto parse_int = [&](const std::string& s) {
     std::size_t used = 0;
     long long v = 0;
     try {
       v = std::stoll(s, &used);
     } catch (const std::exception&) {
-      used = 0;
+      throw fail();
     }
-    if (used == 0 || used != s.size() || v < -1) {
-      throw Error("--window: expected L,R with integers >= -1 (-1 = unbounded), got '" + text + "'");
-    }
+    if (used != s.size() || v < -1) throw fail();
     return static_cast<int64_t>(v);
   };
-  if (comma == std::string::npos) parse_int("");
+  const auto comma = text.find(',');
+  if (comma == std::string::npos) throw fail();
   return {parse_int(text.substr(0, comma)), parse_int(text.substr(comma + 1))};
 }
 
