@@ -5,11 +5,12 @@
 // memory; the block walks the query tiles that the mask lets see its keys, for every query head of
 // the GQA group (so dK/dV of a KV head are summed inside the block, without atomics), with Q, dO and
 // the per-row statistics double-buffered through cp.async. Per query tile:
-//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ               (fp32 accumulators; warps own 16 keys each)
+//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ               (fp32 accumulators; one k loop for both products)
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
 //   dV += Pᵀ dO, dK += dSᵀ Q               (Pᵀ and dSᵀ go through shared memory as f16/bf16)
 //   dQ_accum += dS K                       (fp32 atomics; only when p.dq_accum, the fast default)
-// dK = scale · dK at the end (the softmax scale factors out of dS).
+// dK = scale · dK at the end (the softmax scale factors out of dS). Each product has its own warp
+// grid (bwd_traits.hpp), so warp tiles stay at 32 x 32 or larger.
 //
 // dQ kernel (kDqMode = true, deterministic mode): one block per (query tile, head, batch); Q and dO
 // stay, the block walks the visible key tiles, recomputes S, P, dP, dS and accumulates dQ += dS K in
@@ -18,8 +19,9 @@
 //
 // P = 0 wherever lse = −inf (fully masked rows: the workspace holds +inf there) or the element is
 // masked, so no NaN can appear. Masks bound the loops (block skipping); only tiles that cross a
-// mask edge or a sequence end pay per-element masking. Softcap and ALiBi are uniform runtime
-// branches, so they do not multiply the instantiations.
+// mask edge or a sequence end pay per-element masking. Softcap and ALiBi are runtime flags tested
+// once per tile (four specializations of the score step inside the kernel), so they do not
+// multiply the instantiations.
 #pragma once
 
 #include <cuda_runtime.h>
