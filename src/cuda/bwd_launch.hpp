@@ -22,4 +22,8 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream);
 // The head_dim bucket run_bwd_sm80 uses for p (64, 128 or 256): max(head_dim, head_dim_v) rounded up.
 int bwd_sm80_head_dim_bucket(const detail::Params& p);
 
+// Dynamic shared memory per block (bytes) that run_bwd_sm80's kernels need for p: plan() can
+// compare it with cudaDevAttrMaxSharedMemoryPerBlockOptin (hdim 128 and 256 exceed sm_80's 163 KB).
+int bwd_sm80_smem_bytes(const detail::Params& p);
+
 }  // namespace flashattn::cuda

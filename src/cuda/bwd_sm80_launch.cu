@@ -193,6 +193,13 @@ int bwd_sm80_head_dim_bucket(const detail::Params& p) {
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
+int bwd_sm80_smem_bytes(const detail::Params& p) {
+  int bytes = 0;
+  dispatch_head_dim(bwd_sm80_head_dim_bucket(p),
+                    [&](auto hdim) { bytes = BwdShape<decltype(hdim)::value>::kSmemBytes; });
+  return bytes;
+}
+
 void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
   BwdParams bp = make_bwd_params(p);
   if (bp.batch == 0) return;
