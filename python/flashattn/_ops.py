@@ -185,9 +185,13 @@ def _fwd_setup_context(ctx, inputs, output):
     # The gradient through lse is not implemented (as in flash-attn): mark it so that autograd says
     # so instead of silently dropping a term.
     ctx.mark_non_differentiable(lse)
+    # No zero-filled gradient for lse on every backward: it would be ignored.
+    ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, dout, dlse):
+    if dout is None:  # out did not reach the loss
+        return None, None, None, None, None, None, None, None
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts)
     return dq, dk, dv, None, None, None, None, None
