@@ -122,6 +122,7 @@ std::vector<CpuCase> seqlen_cases() {
     ProblemConfig c = batched(dt, 1023, 1024, 1, 1, 64);
     c.tag = "Large";
     v.push_back({c});
+    if (dt == DType::f32) v.push_back({batched(dt, 5, 7, 2, 1, 64, 0)});  // empty batch
     c = with_mask(batched(dt, 1024, 1023, 2, 1, 32), true, BR, -1, -1);
     c.tag = "Large";
     v.push_back({c});
@@ -211,6 +212,10 @@ std::vector<CpuCase> modifier_cases() {
     v.push_back({c});
     c = batched(dt, 113, 203, 2, 1, 64);
     c.softmax_scale = 1.0f;  // large scores: exercises the running-max rescaling
+    v.push_back({c});
+    c.softmax_scale = -0.2f;  // legal (finite): the row max must be taken after scaling
+    v.push_back({c});
+    c.softcap = 4.0f;
     v.push_back({c});
   }
   return v;

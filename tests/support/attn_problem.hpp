@@ -61,7 +61,10 @@ struct ProblemConfig {
       if (!causal) n += align == CausalAlign::bottom_right ? "BR" : "TL";
     }
     if (softcap > 0) n += "_softcap" + std::to_string(static_cast<int>(softcap));
-    if (softmax_scale != 0) n += "_scale" + std::to_string(static_cast<int>(softmax_scale * 1000));
+    if (softmax_scale != 0) {
+      n += std::string("_scale") + (softmax_scale < 0 ? "minus" : "") +
+           std::to_string(static_cast<int>(std::fabs(softmax_scale) * 1000));
+    }
     if (alibi == Alibi::per_head) n += "_alibiH";
     if (alibi == Alibi::per_batch_head) n += "_alibiBH";
     if (layout != Layout::contiguous) n += std::string("_") + layout_name(layout);
