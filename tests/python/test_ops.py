@@ -107,10 +107,19 @@ def test_compile_varlen_and_lse_no_graph_break(device):
     torch.testing.assert_close(compiled(q, k, v, cu_q, cu_k), f(q, k, v, cu_q, cu_k))
 
 
-def test_compile_dynamic_shapes():
+def test_compile_dynamic_shapes_forward_backward():
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True,
-                             backend="aot_eager", dynamic=True)
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True).square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
     for s in (9, 17, 33):
-        q, k, v = (torch.randn(1, s, 2, 16) for _ in range(3))
-        torch.testing.assert_close(compiled(q, k, v), flash_attn_func(q, k, v, causal=True))
+        q, k, v = (torch.randn(1, s, 2, 16, requires_grad=True) for _ in range(3))
+        loss_c = compiled(q, k, v)
+        g_c = torch.autograd.grad(loss_c, (q, k, v))
+        loss_e = f(q, k, v)
+        g_e = torch.autograd.grad(loss_e, (q, k, v))
+        torch.testing.assert_close(loss_c, loss_e)
+        for a, b in zip(g_c, g_e):
+            torch.testing.assert_close(a, b)
