@@ -203,7 +203,12 @@ Params validate(const AttentionParams& a, Pass pass) {
                        {"dq", &a.dq},     {"dk", &a.dk},       {"dv", &a.dv},
                        {"cu_seqlens_q", &a.cu_seqlens_q},      {"cu_seqlens_k", &a.cu_seqlens_k},
                        {"alibi_slopes", &a.alibi_slopes}};
+  // In the forward the backward tensors are ignored, so one AttentionParams can serve both passes.
+  auto used = [&](const Named& n) {
+    return bwd || !(n.t == &a.dout || n.t == &a.dq || n.t == &a.dk || n.t == &a.dv);
+  };
   for (const Named& n : all) {
+    if (!used(n)) continue;
     if (n.t->ndim < 0 || n.t->ndim > 4) {
       fail(std::string(n.name) + ": expected ndim in 0..4, got " + std::to_string(n.t->ndim));
     }
@@ -212,8 +217,7 @@ Params validate(const AttentionParams& a, Pass pass) {
     }
   }
 
-  // Required tensors for the pass. In the forward the backward tensors are ignored, so one
-  // AttentionParams can serve both passes.
+  // Required tensors for the pass.
   const Named required_fwd[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}};
   const Named required_bwd[] = {{"lse", &a.lse}, {"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
   for (const Named& n : required_fwd) {
@@ -289,9 +293,7 @@ Params validate(const AttentionParams& a, Pass pass) {
 
   // Devices: everything on q's device.
   for (const Named& n : all) {
-    const bool used = n.t->defined() &&
-                      (bwd || !(n.t == &a.dout || n.t == &a.dq || n.t == &a.dk || n.t == &a.dv));
-    if (used && (n.t->device != a.q.device || n.t->device_index != a.q.device_index)) {
+    if (used(n) && n.t->defined() && (n.t->device != a.q.device || n.t->device_index != a.q.device_index)) {
       fail(std::string(n.name) + ": expected device " + device_str(a.q) + " (same as q), got " + device_str(*n.t));
     }
   }

@@ -358,6 +358,7 @@ TEST(Validation, ForwardIgnoresBackwardTensors) {
   a.dq.dtype = DType::i32;   // would be rejected by the backward
   a.dk = {};
   a.dout.device = Device::cuda;
+  a.dv.ndim = 9;
   EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
   EXPECT_FALSE(plan(a, Pass::backward).ok);
   const detail::Params p = detail::validate(a, Pass::forward);
