@@ -15,7 +15,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 # Codes from flashattn.h; keep in sync (checked indirectly: a wrong code fails validation).
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I32 = 0, 1, 2, 3
@@ -140,23 +140,6 @@ def new_params() -> FaParams:
     p = FaParams()
     lib().fa_params_init(ctypes.byref(p))
     return p
-
-
-def make_tensor(data_ptr: int, dtype: int, device: int, device_index: int, shape: Sequence[int],
-                stride: Sequence[int]) -> FaTensor:
-    """Fills an fa_tensor. shape and stride have the same length, at most 4; strides in elements."""
-    if len(shape) > 4 or len(shape) != len(stride):
-        raise FlashAttnError(f"tensor: expected rank <= 4 with one stride per dim, got shape {tuple(shape)}")
-    t = FaTensor()
-    t.data = data_ptr
-    t.dtype = dtype
-    t.device = device
-    t.device_index = device_index
-    t.ndim = len(shape)
-    for i, (n, s) in enumerate(zip(shape, stride)):
-        t.shape[i] = n
-        t.stride[i] = s
-    return t
 
 
 def _last_error() -> str:
