@@ -107,6 +107,9 @@ def main():
         bad_q("shape overflow", npy("<f4", (1 << 40, 1 << 40, 1 << 40), b""), "overflow")
         bad_q("huge shape", npy("<f4", (1 << 30, 1 << 30), b""), "wrong data length")
         bad_q("rank 2", npy("<f4", (S, H * D), f32(n)), "q: expected")
+        bad_q("0-d scalar", npy("<f4", (), f32(1)), "0-d scalar")
+        expect_error("0-d alibi", qkv + ["--q", q, "--alibi", write(d, "a0.npy", npy("<f4", (), f32(1))), "--out",
+                                         o("o.npy")], "0-d scalar", out_dir)
         bad_q("rank 5", npy("<f4", (1, B, S, H, D), f32(n)), "q: expected")
         bad_q("head_dim mismatch", npy("<f4", (B, S, H, D // 2), f32(n // 2)), "head_dim")
         bad_q("dtype mismatch", npy("<f2", (B, S, H, D), b"\0\x3c" * n), "dtype")

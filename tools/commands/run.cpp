@@ -114,6 +114,10 @@ int run(const RunArgs& a) {
     } else if (required) {
       throw Error(option + ": required (or give --inputs FILE.safetensors holding a tensor named '" + name + "')");
     }
+    // An empty shape means "not given" to make_params: a 0-d file must not silently vanish.
+    if (dst.numel() == 1 && dst.shape.empty() && !dst.data.empty()) {
+      throw Error(option + ": expected a tensor '" + name + "' with at least one dimension, got a 0-d scalar");
+    }
   };
   input(t.q, "--q", a.q, "q", true);
   input(t.k, "--k", a.k, "k", true);
