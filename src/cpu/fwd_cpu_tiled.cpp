@@ -44,20 +44,21 @@ struct FwdScratch {
   }
 };
 
-// Online softmax over one Sᵀ tile (nc key rows x w query lanes), in place: Sᵀ becomes Pᵀ, and m,
-// l, alpha are updated lane-wise. A lane that has seen no key keeps m = −inf: exp2 of the NaN
-// from −inf − (−inf) is 0 (simd::exp2), so P, alpha and l stay 0 and no NaN escapes.
-void online_softmax(float* st, int64_t nc, int64_t w, float* m, float* l, float* alpha) {
+// Online softmax over one Sᵀ tile (nc key rows x w query lanes, row stride ld), in place: Sᵀ
+// becomes Pᵀ, and m, l, alpha are updated lane-wise. A lane that has seen no key keeps m = −inf:
+// exp2 of the NaN from −inf − (−inf) is 0 (simd::exp2), so P, alpha and l stay 0 and no NaN
+// escapes.
+void online_softmax(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
   for (int64_t c = 0; c < w; c += simd::kLanes) {
     V16 mx = simd::bcast(simd::kNegInf);
-    for (int64_t r = 0; r < nc; ++r) mx = simd::max(mx, simd::load(st + r * w + c));
+    for (int64_t r = 0; r < nc; ++r) mx = simd::max(mx, simd::load(st + r * ld + c));
     const V16 m_old = simd::load(m + c);
     const V16 m_new = simd::max(m_old, mx);
     const V16 a = simd::exp2(simd::sub(m_old, m_new));
     V16 sum = simd::zero();
     for (int64_t r = 0; r < nc; ++r) {
-      const V16 e = simd::exp2(simd::sub(simd::load(st + r * w + c), m_new));
-      simd::store(st + r * w + c, e);
+      const V16 e = simd::exp2(simd::sub(simd::load(st + r * ld + c), m_new));
+      simd::store(st + r * ld + c, e);
       sum = simd::add(sum, e);
     }
     simd::store(m + c, m_new);
@@ -87,14 +88,21 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
   const detail::KeyRange keys = tile_key_range(p, sq, m0, mr);
   for (int64_t n0 = keys.lo; n0 < keys.hi; n0 += bn) {
     const int64_t nc = std::min(bn, keys.hi - n0);
-    const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data());
-    const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data());
+    const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data(), /*in_place=*/true);
+    const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data(), /*in_place=*/false);
     const PrefetchNext next{{&k, &v}, {d, dv}, n0 + bn, std::clamp<int64_t>(keys.hi - n0 - bn, 0, bn)};
-    gemm::gemm<gemm::Op::store>(nc, wl, d, kt.data, kt.ld, 1, w.qt.data(), wl, w.st.data(), wl, nullptr, next);
-    const bool mask = !tile_fully_visible(p, sq, m0, mr, n0, nc);
-    finish_transposed(sq, sp, m0, mr, wl, n0, nc, w.st.data(), nullptr, w.kr.data(), mask);
-    online_softmax(w.st.data(), nc, wl, w.m.data(), w.l.data(), w.alpha.data());
-    gemm::gemm<gemm::Op::scale>(dv, wl, nc, vt.data, 1, vt.ld, w.st.data(), wl, w.ot.data(), wl, w.alpha.data());
+    // Only the lanes (queries) that see a key of this tile take part: on a causal diagonal this
+    // skips the query vectors above the diagonal instead of computing and masking them.
+    const detail::KeyRange lanes = active_lanes(w.kr.data(), mr, n0, nc);
+    if (lanes.lo == lanes.hi) continue;
+    const int64_t la = lanes.lo, lw = lanes.hi - lanes.lo;
+    gemm::gemm<gemm::Op::store>(nc, lw, d, kt.data, kt.ld, 1, w.qt.data() + la, wl, w.st.data() + la, wl, nullptr,
+                                next);
+    const bool mask = !tile_fully_visible(p, sq, m0 + la, std::min(lanes.hi, mr) - la, n0, nc);
+    finish_transposed(sp, m0, mr, wl, la, lanes.hi, n0, nc, w.st.data(), w.kr.data(), mask);
+    online_softmax(w.st.data() + la, nc, lw, wl, w.m.data() + la, w.l.data() + la, w.alpha.data() + la);
+    gemm::gemm<gemm::Op::scale>(dv, lw, nc, vt.data, 1, vt.ld, w.st.data() + la, wl, w.ot.data() + la, wl,
+                                w.alpha.data() + la);
   }
 
   // O = Oᵀᵀ / l, lse = ln(l) + m (m in log2 units). Rows that saw no key: out 0, lse −inf.

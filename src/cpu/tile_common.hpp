@@ -40,16 +40,20 @@ inline Operand operand(const detail::Params& p, const void* data, int64_t batch_
   return {static_cast<const char*>(data) + off * es, row_stride, es};
 }
 
-// Rows [r0, r0 + rows) of an operand as fp32 with leading dimension ld = dim, converted (or, for
-// fp32, copied) into buf. The copy matters for fp32 too: a [batch, seqlen, heads, dim] tensor puts
-// consecutive rows heads·dim·4 bytes apart (e.g. 2 KiB), which maps a whole key tile onto two
-// L1 sets; the product that walks V rows then missed L1 on every step (measured: the P·V product
+// Rows [r0, r0 + rows) of an operand as fp32 with leading dimension ld. fp32 rows are used in
+// place when the caller reads them row by row (Sᵀ = K Qᵀ broadcasts along K rows, few rows per
+// step); otherwise they are converted (or copied) into buf with ld = dim. The copy matters for
+// fp32 V: a [batch, seqlen, heads, dim] tensor puts consecutive rows heads·dim·4 bytes apart
+// (e.g. 2 KiB), which maps a whole key tile onto two L1 sets, and Oᵀ += Vᵀ Pᵀ walks down all of
+// its rows in every step: read in place it missed L1 on every step (measured: the P·V product
 // took 25% longer than Q·Kᵀ before the copy).
 struct RowsF32 {
   const float* data;
   int64_t ld;
 };
-inline RowsF32 rows_f32(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* buf) {
+inline RowsF32 rows_f32(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* buf,
+                        bool in_place) {
+  if (dt == DType::f32 && in_place) return {static_cast<const float*>(src.row(r0)), src.row_stride};
   for (int64_t r = 0; r < rows; ++r) simd::load_row(dt, src.row(r0 + r), buf + r * dim, dim, 1.0f);
   return {buf, dim};
 }
@@ -89,7 +93,12 @@ inline void copy_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t r
 // Done once per work item, so a scalar scatter is cheap next to the item's products.
 inline void transpose_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim,
                                   float* dst, int64_t ld, float mult, float* tmp) {
+  const int64_t bytes = dim * src.elem_size;
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + 8 < rows) {  // strided rows: fetch ahead, the hardware prefetchers do not
+      const char* ahead = static_cast<const char*>(src.row(r0 + r + 8));
+      for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(ahead + c, 0, 3);
+    }
     simd::load_row(dt, src.row(r0 + r), tmp, dim, mult);
     for (int64_t x = 0; x < dim; ++x) dst[x * ld + r] = tmp[x];
   }
@@ -178,30 +187,40 @@ inline void finish_natural(const detail::Params& p, const Seq& sq, const ScorePo
   }
 }
 
-// Transposed orientation: row r is key n0 + r, lane l is query m0 + l (mr valid of w lanes);
-// kr[l] are the lanes' visible key ranges. In a masked tile the padding lanes become −inf too.
-inline void finish_transposed(const Seq& sq, const ScorePolicy& sp, int64_t m0, int64_t mr, int64_t w, int64_t n0,
-                              int64_t nc, float* s, float* t, const detail::KeyRange* kr, bool mask) {
-  (void)sq;
-  scale_and_cap(sp, s, nc * w, t);
-  int64_t a = 0, z = 0;  // lanes [a, z) see the current key (bounds nondecreasing in the lane)
+// Transposed orientation: row r is key n0 + r, lane l is query m0 + l (row stride w). Only lanes
+// [la, lb) are touched; lanes >= mr are padding. kr[l] are the lanes' visible key ranges. In a
+// masked tile every touched lane outside a key's visible lanes, padding included, becomes −inf.
+inline void finish_transposed(const ScorePolicy& sp, int64_t m0, int64_t mr, int64_t w, int64_t la, int64_t lb,
+                              int64_t n0, int64_t nc, float* s, const detail::KeyRange* kr, bool mask) {
+  int64_t a = la, z = la;  // lanes [a, z) see the current key (bounds nondecreasing in the lane)
   for (int64_t r = 0; r < nc; ++r) {
     float* row = s + r * w;
+    scale_and_cap(sp, row + la, lb - la, nullptr);
     const int64_t key = n0 + r;
     if (sp.alibi) {
       const float diag = static_cast<float>(m0 + sp.offset - key);
       const float sl = sp.slope2;
 #pragma omp simd
-      for (int64_t l = 0; l < w; ++l) row[l] -= sl * std::fabs(diag + static_cast<float>(l));
+      for (int64_t l = la; l < lb; ++l) row[l] -= sl * std::fabs(diag + static_cast<float>(l));
     }
     if (mask) {
       while (a < mr && kr[a].hi <= key) ++a;
       while (z < mr && kr[z].lo <= key) ++z;
-      const int64_t hi = std::max(a, z);
-      std::fill(row, row + a, simd::kNegInf);
-      std::fill(row + hi, row + w, simd::kNegInf);
+      const int64_t lo = std::min(a, lb), hi = std::clamp(z, lo, lb);
+      std::fill(row + la, row + lo, simd::kNegInf);
+      std::fill(row + hi, row + lb, simd::kNegInf);
     }
   }
+}
+
+// Lanes [lo, hi) of a query tile (kr[0..mr), nondecreasing bounds) that see any key of
+// [n0, n0 + nc), widened to whole vectors.
+inline detail::KeyRange active_lanes(const detail::KeyRange* kr, int64_t mr, int64_t n0, int64_t nc) {
+  int64_t lo = 0, hi = mr;
+  while (lo < mr && kr[lo].hi <= n0) ++lo;
+  while (hi > lo && kr[hi - 1].lo >= n0 + nc) --hi;
+  if (lo >= hi) return {0, 0};
+  return {lo / simd::kLanes * simd::kLanes, simd::round_up(hi, simd::kLanes)};
 }
 
 // Key range [lo, hi) touched by query rows [m0, m0 + mr).
