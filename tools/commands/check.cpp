@@ -1,7 +1,8 @@
 // `flashattn check`: a built-in correctness sweep against the float64 reference, covering what the
 // kernels special-case: each dtype, causal in both alignments, sliding window, softcap, ALiBi, GQA
-// and MQA, varlen with empty sequences and rows that see no key, odd head dims, seqlen_q = 1, and
-// the deterministic backward (run twice, compared bitwise). Fresh random inputs every run.
+// and MQA, varlen with empty sequences and rows that see no key, odd head dims, head_dim_v != head_dim,
+// seqlen_q = 1, and the deterministic backward (run twice, compared bitwise). Fresh random inputs
+// every run.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -109,6 +110,12 @@ std::vector<Case> cases() {
   {
     ProblemSpec s = spec(DType::f32, 1, 31, 31, 2, 2, 59);
     c.push_back({"odd head_dim 59", s, false});
+  }
+  {
+    ProblemSpec s = spec(DType::bf16, 1, 70, 90, 2, 2, 96);
+    s.head_dim_v = 64;
+    s.options.causal = true;
+    c.push_back({"head_dim 96, head_dim_v 64", s, false});
   }
   {
     ProblemSpec s = spec(DType::bf16, 2, 1, 255, 4, 2, 128);
