@@ -108,6 +108,9 @@ def main():
         bad_q("huge shape", npy("<f4", (1 << 30, 1 << 30), b""), "wrong data length")
         bad_q("rank 2", npy("<f4", (S, H * D), f32(n)), "q: expected")
         bad_q("0-d scalar", npy("<f4", (), f32(1)), "0-d scalar")
+        i32 = write(d, "i32.npy", npy("<i4", (B, S, H, D), b"\1\0\0\0" * n))
+        expect_error("int32 q, k, v", ["run", "--q", i32, "--k", i32, "--v", i32, "--out", o("o.npy")], "dtype",
+                     out_dir)
         expect_error("0-d alibi", qkv + ["--q", q, "--alibi", write(d, "a0.npy", npy("<f4", (), f32(1))), "--out",
                                          o("o.npy")], "0-d scalar", out_dir)
         bad_q("rank 5", npy("<f4", (1, B, S, H, D), f32(n)), "q: expected")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -44,7 +45,9 @@ void store(void* base, DType dtype, int64_t i, float x) {
     case DType::f32: static_cast<float*>(base)[i] = x; break;
     case DType::f16: static_cast<uint16_t*>(base)[i] = detail::float_to_fp16(x); break;
     case DType::bf16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(x); break;
-    case DType::i32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(x); break;
+    case DType::i32:  // NaN poison has no int32 form (an int q is refused by validate() anyway)
+      static_cast<int32_t*>(base)[i] = std::isfinite(x) && std::fabs(x) < 2e9f ? static_cast<int32_t>(x) : INT32_MIN;
+      break;
   }
 }
 
