@@ -115,6 +115,10 @@ def main():
                                          o("o.npy")], "0-d scalar", out_dir)
         bad_q("rank 5", npy("<f4", (1, B, S, H, D), f32(n)), "q: expected")
         bad_q("head_dim mismatch", npy("<f4", (B, S, H, D // 2), f32(n // 2)), "head_dim")
+        wide_v = write(d, "wide_v.npy", npy("<f4", (1, 1, 1, 1 << 20), f32(1 << 20)))
+        long_q = write(d, "long_q.npy", npy("<f4", (1, 1 << 18, 1, 1), f32(1 << 18)))
+        expect_error("huge head_dim_v", ["run", "--q", long_q, "--k", long_q, "--v", wide_v, "--out", o("o.npy")],
+                     "head_dim_v", out_dir)
         bad_q("dtype mismatch", npy("<f2", (B, S, H, D), b"\0\x3c" * n), "dtype")
 
         st = lambda name, tensors, raw=None, raw_data=b"": write(d, name, safetensors(tensors, raw, raw_data))

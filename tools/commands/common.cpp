@@ -178,6 +178,14 @@ void allocate_outputs(Tensors& t, bool backward) {
   }
   std::vector<int64_t> out_shape = t.q.shape;
   if (given(t.v)) out_shape.back() = t.v.shape.back();
+  // out is sized by q's rows and v's last dimension, which come from untrusted files and are only
+  // checked by validate() once the outputs exist: refuse an absurd head_dim_v before allocating
+  // (both head dims are at most a few hundred in any supported call).
+  const int64_t head_dim = t.q.shape.back(), head_dim_v = out_shape.back();
+  if (head_dim_v > 1024 && head_dim_v > 8 * head_dim) {
+    throw Error("v: expected shape[" + std::to_string(rank - 1) + "] (head_dim_v) comparable to q's head_dim " +
+                std::to_string(head_dim) + ", got " + std::to_string(head_dim_v));
+  }
   t.out = nan_tensor(t.q.dtype, out_shape);
   if (rank == 4) {
     t.lse = nan_tensor(DType::f32, {t.q.shape[0], t.q.shape[2], t.q.shape[1]});
