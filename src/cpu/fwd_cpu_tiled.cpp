@@ -79,13 +79,14 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
   const Operand k = operand(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, it.b, sq.k_start, kvh);
   const Operand v = operand(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, it.b, sq.k_start, kvh);
 
-  transpose_rows_padded(p.dtype, q, m0, mr, d, w.qt.data(), wl, sp.q_mult, w.tmp.data());
+  const detail::KeyRange keys = tile_key_range(p, sq, m0, mr);
+  const PrefetchNext first{{&k, &v}, {d, dv}, keys.lo, std::min(bn, keys.hi - keys.lo)};
+  transpose_rows_padded(p.dtype, q, m0, mr, d, w.qt.data(), wl, sp.q_mult, w.tmp.data(), first);
   for (int64_t r = 0; r < mr; ++r) w.kr[r] = detail::visible_keys(p, m0 + r, sq.len_q, sq.len_k);
   std::fill(w.ot.begin(), w.ot.begin() + dv * wl, 0.0f);
   std::fill(w.m.begin(), w.m.begin() + wl, simd::kNegInf);
   std::fill(w.l.begin(), w.l.begin() + wl, 0.0f);
 
-  const detail::KeyRange keys = tile_key_range(p, sq, m0, mr);
   for (int64_t n0 = keys.lo; n0 < keys.hi; n0 += bn) {
     const int64_t nc = std::min(bn, keys.hi - n0);
     const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data(), /*in_place=*/true);
@@ -114,6 +115,10 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
                      : nullptr;
   float* row = w.tmp.data();
   for (int64_t r = 0; r < mr; ++r) {
+    if (r + 8 < mr) {  // strided output rows: fetch ahead for writing
+      const char* ahead = out + (r + 8) * p.o_row_stride * es;
+      for (int64_t c = 0; c < dv * es; c += 64) __builtin_prefetch(ahead + c, 1, 3);
+    }
     const float l = w.l[r];
     const bool empty = l == 0.0f;
     for (int64_t y = 0; y < dv; ++y) row[y] = w.ot[y * wl + r];

@@ -40,6 +40,10 @@ inline Operand operand(const detail::Params& p, const void* data, int64_t batch_
   return {static_cast<const char*>(data) + off * es, row_stride, es};
 }
 
+struct NoPrefetch {
+  void operator()(int64_t, int64_t) const {}
+};
+
 // Rows [r0, r0 + rows) of an operand as fp32 with leading dimension ld. fp32 rows are used in
 // place when the caller reads them row by row (Sᵀ = K Qᵀ broadcasts along K rows, few rows per
 // step); otherwise they are converted (or copied) into buf with ld = dim. The copy matters for
@@ -91,14 +95,17 @@ inline void copy_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t r
 
 // dst[x][r] = mult · src[r0 + r][x] for r < rows, 0 for rows <= r < ld (a padded transpose).
 // Done once per work item, so a scalar scatter is cheap next to the item's products.
+// hook(r, rows) runs before each row (callers prefetch their first tile there).
+template <class Hook = NoPrefetch>
 inline void transpose_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim,
-                                  float* dst, int64_t ld, float mult, float* tmp) {
+                                  float* dst, int64_t ld, float mult, float* tmp, const Hook& hook = Hook()) {
   const int64_t bytes = dim * src.elem_size;
   for (int64_t r = 0; r < rows; ++r) {
     if (r + 8 < rows) {  // strided rows: fetch ahead, the hardware prefetchers do not
       const char* ahead = static_cast<const char*>(src.row(r0 + r + 8));
       for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(ahead + c, 0, 3);
     }
+    hook(r, rows);
     simd::load_row(dt, src.row(r0 + r), tmp, dim, mult);
     for (int64_t x = 0; x < dim; ++x) dst[x * ld + r] = tmp[x];
   }
