@@ -96,7 +96,7 @@ int run(const RunArgs& a) {
   o.softmax_scale = a.scale;
   o.deterministic = a.deterministic;
   o.num_threads = a.threads;
-  const Device device = resolve_device(a.device);
+  Device device = resolve_device(a.device);
 
   if (!a.inputs.empty() && !io::is_safetensors_path(a.inputs)) {
     throw Error("--inputs: expected a .safetensors file holding q, k, v (and optionally dout, alibi_slopes, "
@@ -157,6 +157,21 @@ int run(const RunArgs& a) {
   }
 
   allocate_outputs(t, backward);
+  if (a.device == "auto" && device == Device::cuda) {
+    // auto means "the GPU when it can run this call": ask plan() with the views marked as device
+    // tensors (plan never dereferences them), and fall back to the CPU with the reason.
+    AttentionParams probe = make_params(t, o);
+    for (TensorView* v : {&probe.q, &probe.k, &probe.v, &probe.out, &probe.lse, &probe.dout, &probe.dq, &probe.dk,
+                          &probe.dv, &probe.cu_seqlens_q, &probe.cu_seqlens_k, &probe.alibi_slopes}) {
+      if (v->defined()) v->device = Device::cuda;
+    }
+    Plan pl = plan(probe, Pass::forward);
+    if (pl.ok && backward) pl = plan(probe, Pass::backward);
+    if (!pl.ok) {
+      std::fprintf(stderr, "flashattn: note: --device auto runs this call on the CPU: %s\n", pl.reason.c_str());
+      device = Device::cpu;
+    }
+  }
   const RunTimes times = run_attention(t, o, device);
   const AttentionParams host = make_params(t, o);
   const double fwd_flops = attention_flops(host, false);
