@@ -215,6 +215,11 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
   float* base = static_cast<float*>(ws.ptr);
   bp.dsum = base;
   bp.lse_log2 = base + stat_count;
+  // The postprocess reads dq_accum with float4 loads and the dK/dV kernel adds float2 pairs, so it
+  // must start on a 16-byte boundary: 2 * stat_count floats is one because stat_rows is a multiple
+  // of kStatRowAlign. (Unpadded, batch * num_heads * seqlen_q odd put it 8 bytes off: "misaligned
+  // address" in the postprocess at seqlen_q = 1.)
+  static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");
   bp.dq_accum = p.deterministic ? nullptr : base + 2 * stat_count;
   if (bp.dq_accum != nullptr && accum_count > 0)
     FA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, static_cast<size_t>(accum_count) * sizeof(float), stream));

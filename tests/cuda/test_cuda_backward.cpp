@@ -56,6 +56,18 @@ std::vector<BwdCase> backward_cases() {
       c.alibi = Alibi::per_head;
       c.head_dim_v = 128;
       add(c);
+      // head_dim below 32 (the 64 bucket, mostly zero-filled columns) with batch * num_heads *
+      // seqlen_q odd: the dq accumulator follows 2 * batch * num_heads * stat_rows floats of
+      // statistics in the workspace, and the postprocess reads it with float4 loads, so an
+      // unpadded stat count of 1 or 33 once put it 8 bytes off ("misaligned address").
+      add(base(dt, 1, 1, 1, 1, 1, 8));
+      add(base(dt, 1, 33, 47, 2, 1, 24));
+      for (int64_t d : {8, 16, 24}) add(base(dt, 1, 33, 47, 1, 1, d));
+      c = base(dt, 1, 37, 29, 3, 1, 24);
+      c.head_dim_v = 8;
+      add(c);
+      c.causal = true;
+      add(c);
       c = base(dt, 0, 0, 0, 2, 1, 64);
       c.lens_q = {17, 0, 130, 1};
       c.lens_k = {33, 7, 130, 0};

@@ -49,6 +49,17 @@ std::vector<GpuCase> forward_cases() {
     add(base(dt, 1, 113, 203, 2, 2, 128));
     add(base(dt, 1, 1023, 1023, 2, 1, 128));
     for (int64_t d : {32, 40, 72, 80, 96, 112, 160, 192, 256}) add(base(dt, 1, 203, 113, 2, 2, d));
+    // head_dim below 32 (mostly zero-filled columns of the 64 bucket), with batch * num_heads *
+    // seqlen_q odd, seqlen 1, GQA with one KV head (tests/python SHAPES), and head_dim_v < head_dim.
+    add(base(dt, 1, 1, 1, 1, 1, 8));
+    for (int64_t d : {8, 16, 24}) add(base(dt, 1, 33, 47, 2, 1, d));
+    {
+      ProblemConfig c = base(dt, 1, 37, 29, 3, 1, 24);
+      c.head_dim_v = 8;
+      add(c);
+      c.causal = true;
+      add(c);
+    }
     {
       ProblemConfig c = base(dt, 1, 150, 90, 2, 2, 64);
       c.head_dim_v = 128;
