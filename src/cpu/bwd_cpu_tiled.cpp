@@ -8,13 +8,16 @@
 //               dK += dSᵀ Q (owned by the item), and dQ += dS K into the item's list's fp32 buffer.
 //   postprocess dQ = softmax_scale · Σ_lists buffer, summed in list order.
 //
-// Determinism: items are dealt to num_threads lists by a fixed rule (longest-first onto the least
-// loaded list, from the items' visible-row counts), each list is run in item order into its own
-// dQ buffer, and the buffers are summed in list order. The result depends only on the thread
-// count, never on timing. This keeps FA-2's five tile products per (query tile, key tile) pair;
-// an earlier version recomputed S and dP in a separate dQ pass (seven products) and ran 1.3-1.5x
-// behind PyTorch's fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time
-// (enough key tiles to feed every list), so their size is lists x group heads x seqlen_q x head_dim.
+// Determinism: items are dealt to 4 x num_threads lists by a fixed rule (longest-first onto the
+// least loaded list, from the items' visible-row counts); threads claim whole lists dynamically,
+// each list runs in item order into its own dQ buffer, and the buffers are summed in list order.
+// The result depends only on the thread count, never on timing, and the dynamic claiming keeps
+// both cores busy when one is slowed down (a fixed list per thread measured 27% of peak per core
+// for causal with 2 threads on this shared machine, the other thread waiting at the barrier).
+// This keeps FA-2's five tile products per (query tile, key tile) pair; an earlier version
+// recomputed S and dP in a separate dQ pass (seven products) and ran 1.3-1.5x behind PyTorch's
+// fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time (enough key tiles
+// to feed every list), so their size is lists x group heads x seqlen_q x head_dim per batch.
 #include "common/backends.hpp"
 #include "cpu/gemm_kernel.hpp"
 #include "cpu/tile_common.hpp"
@@ -184,18 +187,19 @@ struct GroupBatch {
 
 void backward(const detail::Params& p) {
   const TileShape ts = bwd_tile(p);
-  const int lists = std::max(1, num_threads(p));
+  const int threads = std::max(1, num_threads(p));
+  const int lists = threads == 1 ? 1 : 4 * threads;
   const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
   std::vector<float> delta(static_cast<size_t>(total_q_rows(p) * p.num_heads));
   std::vector<BwdScratch> scratch;
-  scratch.reserve(lists);
-  for (int t = 0; t < lists; ++t)
+  scratch.reserve(threads);
+  for (int t = 0; t < threads; ++t)
     scratch.emplace_back(ts.block_m, ts.block_n, p.head_dim, p.head_dim_v, p.softcap > 0.0f);
   std::vector<std::vector<float>> dq_acc(lists);
 
-  compute_delta(p, lists, delta);
+  compute_delta(p, threads, delta);
 
-  // Batches of groups with at least 4 key tiles per list (so every list has work), each batch
+  // Batches of groups with at least 2 key tiles per list (so every list has work), each batch
   // run as one parallel region followed by its dQ reduction.
   std::vector<GroupBatch> batches(1);
   int64_t tiles = 0;
@@ -206,7 +210,7 @@ void backward(const detail::Params& p) {
       gb.groups.push_back({b, kvh, gb.floats});
       gb.floats += group * sq.len_q * dp16;
       tiles += (sq.len_k + ts.block_n - 1) / ts.block_n;
-      if (tiles >= 4 * lists) {
+      if (tiles >= 2 * lists) {
         batches.emplace_back();
         tiles = 0;
       }
@@ -244,22 +248,19 @@ void backward(const detail::Params& p) {
       dq_acc[l].assign(static_cast<size_t>(gb.floats), 0.0f);
     }
 
-    // A thread runs whole lists, so results do not depend on how many threads OpenMP grants.
-#pragma omp parallel num_threads(lists)
-    {
-      const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-      for (int l = tid; l < lists; l += nt)
-        for (int64_t i : list_items[l])
-          bwd_item(p, ts, items[i].it, delta, dq_acc[l].data() + items[i].dq_off, scratch[tid]);
-    }
+    // A thread runs whole lists, so results do not depend on which thread ran which list.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int l = 0; l < lists; ++l)
+      for (int64_t i : list_items[l])
+        bwd_item(p, ts, items[i].it, delta, dq_acc[l].data() + items[i].dq_off, scratch[omp_get_thread_num()]);
 
     // dQ = softmax_scale · Σ_l dq_acc[l], lists in order, one (group, head, row) per iteration.
     std::vector<int64_t> row_start(gb.groups.size() + 1, 0);
     for (size_t gi = 0; gi < gb.groups.size(); ++gi)
       row_start[gi + 1] = row_start[gi] + group * p.q_len(gb.groups[gi].b);
     const int64_t n_rows = row_start.back();
-    std::vector<float> sums(static_cast<size_t>(lists * dp16));
-#pragma omp parallel num_threads(lists)
+    std::vector<float> sums(static_cast<size_t>(threads * dp16));
+#pragma omp parallel num_threads(threads)
     {
       float* sum = sums.data() + omp_get_thread_num() * dp16;
 #pragma omp for schedule(static)

@@ -61,6 +61,19 @@ inline void micro_kernel(const float* a, int64_t a_rs, int64_t a_ks, const float
   }
 }
 
+// The vecs - v < C vectors left of a row block after its full kC panels.
+template <int R, Op op, int C = kC - 1>
+inline void tail_vecs(int64_t left, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs,
+                      int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  if constexpr (C >= 1) {
+    if (left == C) {
+      micro_kernel<R, C, op>(a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+      return;
+    }
+    tail_vecs<R, op, C - 1>(left, a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+  }
+}
+
 template <int R, Op op>
 inline void row_block(int64_t vecs, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs,
                       int64_t depth, float* c, int64_t c_rs, const float* scale) {
@@ -68,9 +81,9 @@ inline void row_block(int64_t vecs, const float* a, int64_t a_rs, int64_t a_ks, 
   for (; v + kC <= vecs; v += kC)
     micro_kernel<R, kC, op>(a, a_rs, a_ks, b + v * simd::kLanes, b_rs, depth, c + v * simd::kLanes, c_rs,
                             scale ? scale + v * simd::kLanes : nullptr);
-  if (v < vecs)  // kC = 2: at most one vector left
-    micro_kernel<R, 1, op>(a, a_rs, a_ks, b + v * simd::kLanes, b_rs, depth, c + v * simd::kLanes, c_rs,
-                           scale ? scale + v * simd::kLanes : nullptr);
+  if (v < vecs)
+    tail_vecs<R, op>(vecs - v, a, a_rs, a_ks, b + v * simd::kLanes, b_rs, depth, c + v * simd::kLanes, c_rs,
+                     scale ? scale + v * simd::kLanes : nullptr);
 }
 
 template <Op op, int R = kR>

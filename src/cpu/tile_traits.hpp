@@ -17,23 +17,29 @@ struct TileShape {
   int64_t block_n;       // key rows per tile
 };
 
-// Forward (FA-2 Alg. 1). Measured on the 2-core Xeon (AVX-512, 2 FMA units) with
-// seqlen 2048, 16 heads, fp32, see docs/perf-notes.md "CPU backend". Larger block_m amortizes
-// Eigen's repacking of the K/V tile over more query rows; block_n = 128 keeps the S tile
-// (block_m x block_n fp32) and the packed K/V panels inside the 2 MiB L2 while giving the
-// softmax row pass long contiguous rows.
+// Forward (FA-2 Alg. 1): block_m query rows run along the vector lanes of Sᵀ = K Qᵀ, block_n keys
+// along its rows. Each item streams all its visible K/V rows once, so a larger block_m divides
+// that traffic (and the per-tile V copy) over more rows. Sweep on this machine (1 thread, fp32,
+// seqlen 2048, 8 heads, quiet moment; % of the 174 GFLOP/s single-core FMA peak, d64 / d128):
+//   128x64 61/60, 256x64 54/58, 256x128 53-55/64-65, 256x256 55/58, 512x32 55/66, 512x64 60/65,
+//   512x128 61-63/65, 1024x64 51/55; causal 512x128 53-54/55 vs 256x128 49-50/55.
+//   d256: 128x128 65, 256x128 66, 256x64 70.
+// At 512 x 128 the Qᵀ, Sᵀ and Oᵀ tiles (d x 512, 128 x 512, dv x 512 fp32, 256 KiB each at
+// d = 128) stay in the 2 MiB L2, and a Qᵀ panel of the product (d x 32 lanes) in the 48 KiB L1.
 inline constexpr TileShape kFwdTiles[] = {
-    {64, 256, 128},
-    {128, 256, 128},
-    {256, 128, 128},
+    {64, 512, 128},
+    {128, 512, 128},
+    {256, 256, 64},
 };
 
-// Backward (FA-2 Alg. 2): five tiles live per step (S/P, dP/dS, the Q, dO tiles and the dK, dV
-// accumulators), so tiles are smaller than the forward's to stay in L2.
+// Backward (FA-2 Alg. 2): an item owns block_n keys (along the lanes of S = Q Kᵀ) and walks the
+// query rows in tiles of block_m; S, dP (block_m x block_n), Q, dO (block_m x d) and the dK/dV
+// accumulators (block_n x d) all live at once, so block_m is smaller than the forward's. 64 x 128
+// measured equal to 128 x 128 at d = 64 and 7-15% faster at d = 128 (1 thread, seqlen 2048).
 inline constexpr TileShape kBwdTiles[] = {
-    {64, 64, 128},
-    {128, 64, 128},
-    {256, 64, 64},
+    {64, 512, 128},
+    {128, 512, 128},
+    {256, 256, 64},
 };
 
 template <std::size_t N>
