@@ -122,14 +122,24 @@ class NumpyRunner:
 _CHECK_RE = re.compile(r"^\s*out\s+([0-9.]+(?:e[-+]?[0-9]+)?)\s", re.IGNORECASE | re.MULTILINE)
 
 
-class CliRunner:
-    """Writes the tensors as files, runs `flashattn run ... --check`, reads the output back."""
+_OPTION = {"q": "--q", "k": "--k", "v": "--v", "cu_seqlens_q": "--cu-seqlens-q", "cu_seqlens_k": "--cu-seqlens-k"}
 
-    def __init__(self, binary, workdir=None, threads=0, verbose=False, device="auto"):
+
+class CliRunner:
+    """Writes the tensors as files, runs `flashattn run ... --check`, reads the output back.
+
+    dtype (f32, f16, bf16) is the dtype q, k, v are handed to the CLI in (rounded from the model's
+    fp32); out comes back in it and is returned as float32. numpy has no bfloat16, so bf16 tensors
+    go through .safetensors files in every layout (written and read with safetensors.torch)."""
+
+    def __init__(self, binary, workdir=None, threads=0, verbose=False, device="auto", dtype="f32"):
+        if dtype not in ("f32", "f16", "bf16"):
+            raise ValueError(f"dtype: expected f32, f16 or bf16, got {dtype!r}")
         self.binary = str(binary)
         self.device = device
         self.verbose = verbose
         self.threads = threads
+        self.dtype = dtype
         self._tmp = None
         if workdir is None:
             self._tmp = tempfile.mkdtemp(prefix="flashattn-minilm-")
@@ -159,54 +169,76 @@ class CliRunner:
         errs = [float(m) for m in _CHECK_RE.findall(text)]
         return max(errs) if errs else None
 
+    def _save_safetensors(self, path, tensors):
+        if self.dtype == "bf16":
+            import torch
+            from safetensors.torch import save_file
+            save_file({n: (torch.from_numpy(np.ascontiguousarray(x)) if x.dtype == np.int32
+                           else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16))
+                       for n, x in tensors.items()}, str(path))
+        else:
+            from safetensors.numpy import save_file
+            save_file({n: self._cast(x) for n, x in tensors.items()}, str(path))
+
+    def _load_safetensors_out(self, path):
+        if self.dtype == "bf16":
+            from safetensors.torch import load_file
+            return load_file(str(path))["out"].float().numpy()
+        from safetensors.numpy import load_file
+        return load_file(str(path))["out"].astype(np.float32)
+
+    def _cast(self, x):
+        if x.dtype == np.int32:
+            return np.ascontiguousarray(x)
+        return np.ascontiguousarray(x, dtype=np.float16 if self.dtype == "f16" else np.float32)
+
+    def _call(self, tag, tensors, single_file=False):
+        """Writes `tensors` (q, k, v float32, cu_seqlens_* int32), one .npy per tensor or, when
+        single_file or bf16, one .safetensors file holding them all (`run --inputs`); runs the CLI;
+        returns (out as float32, the check's error)."""
+        d = self.workdir
+        if single_file or self.dtype == "bf16":
+            path, out_path = d / f"{tag}.safetensors", d / f"{tag}_out.safetensors"
+            self._save_safetensors(path, tensors)
+            check = self._cli(["--inputs", path, "--out", out_path])
+            return self._load_safetensors_out(out_path), check
+        args = []
+        for name, x in tensors.items():
+            path = d / f"{tag}_{name}.npy"
+            np.save(path, self._cast(x))
+            args += [_OPTION[name], path]
+        out_path = d / f"{tag}_out.npy"
+        check = self._cli(args + ["--out", out_path])
+        return np.load(out_path).astype(np.float32), check
+
     def run(self, layout, tag, q, k, v, lengths):
         bsz, seqlen = q.shape[:2]
-        d = self.workdir
         if layout == "batched":
             out = np.zeros(q.shape[:3] + (v.shape[-1],), dtype=np.float32)
             checks = []
             for b, n in enumerate(lengths):
                 n = int(n)
-                files = {}
-                for name, x in (("q", q), ("k", k), ("v", v)):
-                    files[name] = d / f"{tag}_batched_s{b}_{name}.npy"
-                    np.save(files[name], np.ascontiguousarray(x[b:b + 1, :n], dtype=np.float32))
-                out_path = d / f"{tag}_batched_s{b}_out.npy"
-                checks.append(self._cli(["--q", files["q"], "--k", files["k"], "--v", files["v"],
-                                         "--out", out_path]))
-                out[b, :n] = np.load(out_path)[0]
+                o, check = self._call(f"{tag}_batched_s{b}", {"q": q[b:b + 1, :n], "k": k[b:b + 1, :n],
+                                                             "v": v[b:b + 1, :n]})
+                out[b, :n] = o[0]
+                checks.append(check)
             checks = [c for c in checks if c is not None]
             return out, (max(checks) if checks else None)
         if layout == "padded":
-            files = {}
-            for name, x in (("q", q), ("k", k), ("v", v)):
-                files[name] = d / f"{tag}_padded_{name}.npy"
-                np.save(files[name], np.ascontiguousarray(x.reshape(bsz * seqlen, *x.shape[2:]), dtype=np.float32))
-            cu_path = d / f"{tag}_padded_cu_seqlens.npy"
-            np.save(cu_path, padded_segments(lengths, seqlen))
-            out_path = d / f"{tag}_padded_out.npy"
-            check = self._cli(["--q", files["q"], "--k", files["k"], "--v", files["v"],
-                               "--cu-seqlens-q", cu_path, "--cu-seqlens-k", cu_path, "--out", out_path])
-            flat = np.load(out_path)
-            out = flat.reshape(bsz, seqlen, *flat.shape[1:]).astype(np.float32)
-            return zero_padding(out, lengths), check
+            cu = padded_segments(lengths, seqlen)
+            flat = {n: x.reshape(bsz * seqlen, *x.shape[2:]) for n, x in (("q", q), ("k", k), ("v", v))}
+            o, check = self._call(f"{tag}_padded", {**flat, "cu_seqlens_q": cu, "cu_seqlens_k": cu.copy()})
+            return zero_padding(o.reshape(bsz, seqlen, *o.shape[1:]), lengths), check
         if layout == "varlen":
-            from safetensors.numpy import load_file, save_file
-
             cu = cu_seqlens(lengths)
-            path = d / f"{tag}_varlen.safetensors"
-            save_file({"q": pack_varlen(q, lengths).astype(np.float32),
-                       "k": pack_varlen(k, lengths).astype(np.float32),
-                       "v": pack_varlen(v, lengths).astype(np.float32),
-                       "cu_seqlens_q": cu, "cu_seqlens_k": cu.copy()}, str(path))
-            out_path = d / f"{tag}_varlen_out.safetensors"
-            check = self._cli(["--inputs", path, "--out", out_path])
-            packed = load_file(str(out_path))["out"]
-            return unpack_varlen(packed.astype(np.float32), lengths, seqlen), check
+            packed = {n: pack_varlen(x, lengths) for n, x in (("q", q), ("k", k), ("v", v))}
+            o, check = self._call(f"{tag}_varlen", {**packed, "cu_seqlens_q": cu, "cu_seqlens_k": cu.copy()},
+                                  single_file=True)
+            return unpack_varlen(o, lengths, seqlen), check
         raise ValueError(f"unknown layout {layout!r}")
 
 
-def make_runner(backend, binary, workdir=None, threads=0, verbose=False, device="auto"):
+def make_runner(backend, binary, workdir=None, threads=0, verbose=False, device="auto", dtype="f32"):
     if backend == "numpy":
         return NumpyRunner()
-    return CliRunner(binary, workdir, threads, verbose, device)
+    return CliRunner(binary, workdir, threads, verbose, device, dtype)

@@ -63,12 +63,21 @@ def run_cli(np, fr, rng, binary):
     lengths = [5, 1, 113, 64, 2]
     q, k, v = random_batch(np, rng, lengths)
     want = per_sentence_f64(np, q, k, v, lengths)
-    with fr.CliRunner(binary) as runner:
-        for layout in ("batched", "padded", "varlen"):
-            out, check = runner.run(layout, "t", q, k, v, lengths)
-            err = np.abs(out - want).max()
-            print(f"cli {layout}: max |flashattn - f64| = {err:.2e}, --check printed {check}")
-            assert err < 1e-5, f"{layout}: {err}"
+    # Loose bounds on the error against float64 of the fp32 inputs (half dtypes round the inputs
+    # too); the CLI's --check applies the project's criterion and fails the call (exit 1) itself.
+    bounds = {"f32": 1e-5, "f16": 5e-3, "bf16": 4e-2}
+    try:
+        import torch  # noqa: F401  (bf16 files are written with safetensors.torch)
+    except ImportError:
+        print("bf16 through the CLI not checked: PyTorch is not installed")
+        del bounds["bf16"]
+    for dtype, bound in bounds.items():
+        with fr.CliRunner(binary, dtype=dtype) as runner:
+            for layout in ("batched", "padded", "varlen"):
+                out, check = runner.run(layout, "t", q, k, v, lengths)
+                err = np.abs(out - want).max()
+                print(f"cli {dtype} {layout}: max |flashattn - f64| = {err:.2e}, --check printed {check}")
+                assert err < bound, f"{dtype} {layout}: {err}"
 
 
 def main():
