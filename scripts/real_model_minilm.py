@@ -14,6 +14,7 @@ What it does, on a batch of real sentences of different lengths (passages of
                 sequences (the CLI has no key-padding mask; this is exactly the padded batch, in
                 one call, and the padding of the longest sentence is an empty sequence);
        varlen   the packed batch [total, heads, head_dim] + cu_seqlens in one .safetensors file.
+     (With --dtype bf16, which .npy cannot hold, every layout uses .safetensors files.)
   3. Runs the model again with flashattn's attention swapped in, layer by layer (each layer's
      attention output is replaced by the CLI's, computed on that layer's q, k, v, and the model
      continues from it), pools the sentence embeddings as sentence-transformers does (mean over
