@@ -3,7 +3,7 @@
 // One work item is (batch, query head, block_m query rows). It works on transposed tiles so that
 // queries run along the 16 vector lanes: Qᵀ (head_dim x block_m, scaled by softmax_scale · log2 e)
 // is built once per item, then for each key tile the mask lets the rows see (tile_key_range())
-//   Sᵀ = K Qᵀ                  block_n x block_m, K rows broadcast from the caller's tensor
+//   Sᵀ = K Qᵀ                  block_n x block_m, K rows broadcast from a copied K tile
 //   softcap / ALiBi / mask      in log2 units (finish_transposed)
 //   m_new = max(m, colmax Sᵀ),  alpha = exp2(m − m_new),  Pᵀ = exp2(Sᵀ − m_new),
 //   l = alpha · l + colsum Pᵀ    (Alg. 1 lines 8–10, every step a lane-wise vector op: no
@@ -89,8 +89,8 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
 
   for (int64_t n0 = keys.lo; n0 < keys.hi; n0 += bn) {
     const int64_t nc = std::min(bn, keys.hi - n0);
-    const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data(), /*in_place=*/true);
-    const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data(), /*in_place=*/false);
+    const RowsF32 kt = rows_f32(p.dtype, k, n0, nc, d, w.k.data());
+    const RowsF32 vt = rows_f32(p.dtype, v, n0, nc, dv, w.v.data());
     const PrefetchNext next{{&k, &v}, {d, dv}, n0 + bn, std::clamp<int64_t>(keys.hi - n0 - bn, 0, bn)};
     // Only the lanes (queries) that see a key of this tile take part: on a causal diagonal this
     // skips the query vectors above the diagonal instead of computing and masking them.
