@@ -8,7 +8,7 @@
 //               dK += dSᵀ Q (owned by the item), and dQ += dS K into the item's list's fp32 buffer.
 //   postprocess dQ = softmax_scale · Σ_lists buffer, summed in list order.
 //
-// Determinism: items are dealt to 4 x num_threads lists by a fixed rule (longest-first onto the
+// Determinism: items are dealt to 2 x num_threads lists by a fixed rule (longest-first onto the
 // least loaded list, from the items' visible-row counts); threads claim whole lists dynamically,
 // each list runs in item order into its own dQ buffer, and the buffers are summed in list order.
 // The result depends only on the thread count, never on timing, and the dynamic claiming keeps
@@ -180,6 +180,8 @@ void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, 
 
 // A batch of (batch, KV head) groups whose key tiles run together, and where each group's dQ
 // rows sit in the per-list buffers.
+inline constexpr double kBatchBytes = 16.0 * 1024 * 1024;
+
 struct GroupBatch {
   std::vector<WorkItem> groups;  // {b, kv head, offset of the group in a dQ buffer}
   int64_t floats = 0;            // dQ buffer size per list
@@ -188,7 +190,7 @@ struct GroupBatch {
 void backward(const detail::Params& p) {
   const TileShape ts = bwd_tile(p);
   const int threads = std::max(1, num_threads(p));
-  const int lists = threads == 1 ? 1 : 4 * threads;
+  const int lists = threads == 1 ? 1 : 2 * threads;
   const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
   std::vector<float> delta(static_cast<size_t>(total_q_rows(p) * p.num_heads));
   std::vector<BwdScratch> scratch;
@@ -199,7 +201,9 @@ void backward(const detail::Params& p) {
 
   compute_delta(p, threads, delta);
 
-  // Batches of groups with at least 2 key tiles per list (so every list has work), each batch
+  // Batches of groups with at least 8 key tiles per list and kBatchBytes of dQ buffers (few
+  // batches, so few barriers: a barrier waits for the slowest thread, costly when another
+  // process holds a core; on this machine one batch per group ran 2-thread causal 1.5x slower), each batch
   // run as one parallel region followed by its dQ reduction.
   std::vector<GroupBatch> batches(1);
   int64_t tiles = 0;
@@ -210,7 +214,8 @@ void backward(const detail::Params& p) {
       gb.groups.push_back({b, kvh, gb.floats});
       gb.floats += group * sq.len_q * dp16;
       tiles += (sq.len_k + ts.block_n - 1) / ts.block_n;
-      if (tiles >= 2 * lists) {
+      const double bytes = 4.0 * static_cast<double>(lists) * static_cast<double>(gb.floats);
+      if (tiles >= 8 * lists && bytes >= kBatchBytes) {
         batches.emplace_back();
         tiles = 0;
       }
