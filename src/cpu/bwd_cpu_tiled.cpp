@@ -16,8 +16,8 @@
 // for causal with 2 threads on this shared machine, the other thread waiting at the barrier).
 // This keeps FA-2's five tile products per (query tile, key tile) pair; an earlier version
 // recomputed S and dP in a separate dQ pass (seven products) and ran 1.3-1.5x behind PyTorch's
-// fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time (enough key tiles
-// to feed every list), so their size is lists x group heads x seqlen_q x head_dim per batch.
+// fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time: about 16 MiB in
+// all, but at least one group, i.e. lists x (num_heads / num_heads_k) x seqlen_q x head_dim fp32.
 #include "common/backends.hpp"
 #include "cpu/gemm_kernel.hpp"
 #include "cpu/tile_common.hpp"
@@ -201,10 +201,10 @@ void backward(const detail::Params& p) {
 
   compute_delta(p, threads, delta);
 
-  // Batches of groups with at least 8 key tiles per list and kBatchBytes of dQ buffers (few
-  // batches, so few barriers: a barrier waits for the slowest thread, costly when another
-  // process holds a core; on this machine one batch per group ran 2-thread causal 1.5x slower), each batch
-  // run as one parallel region followed by its dQ reduction.
+  // Batches of groups with at least 8 key tiles per list and kBatchBytes of dQ buffers, each run
+  // as one parallel region followed by its dQ reduction. Few batches mean few barriers: a barrier
+  // waits for the slowest thread, costly when another process holds a core (one batch per group
+  // ran 2-thread causal 1.3x slower on this shared machine).
   std::vector<GroupBatch> batches(1);
   int64_t tiles = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
