@@ -66,6 +66,9 @@ inline V16 exp2(V16 x) {
   return _mm512_maskz_scalef_ps(keep, y, n);  // y * 2^n, 0 where x < kExp2Min or NaN
 }
 #else
+// 64-byte vectors without AVX-512 are passed in memory; all these functions are inlined, so the
+// ABI note GCC and Clang print (-Wpsabi) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V16 __attribute__((vector_size(64)));
 inline V16 load(const float* p) { V16 v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, V16 x) { std::memcpy(p, &x, sizeof x); }
