@@ -1,8 +1,9 @@
 /* flashattn C API: the same calls as include/flashattn/flashattn.hpp for other languages (the
  * Python package binds it with ctypes). See flashattn.hpp for the math, masks and layouts.
  *
- * Every function returns 0 on success and a non-zero FA_STATUS_* on error; fa_last_error() then
- * gives the message (naming the argument, what was expected and what came), valid until the next
+ * fa_forward and fa_backward return 0 (FA_STATUS_OK) on success and a non-zero FA_STATUS_* on error;
+ * fa_plan returns 1 when the call can run and 0 otherwise. After a failure fa_last_error() gives the
+ * message (naming the argument, what was expected and what came), valid until the next
  * call on the same thread. No C++ exception crosses this boundary. */
 #ifndef FLASHATTN_FLASHATTN_H_
 #define FLASHATTN_FLASHATTN_H_
