@@ -34,6 +34,7 @@ PIP_PACKAGES=(
   safetensors
   pytest
   scikit-build-core
+  matplotlib
 )
 
 # Optional (FLASHATTN_DEPS_TORCH=0 leaves them out).
