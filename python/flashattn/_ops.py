@@ -42,6 +42,8 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
 
 
 _I64x4 = ctypes.c_int64 * 4
+# Arguments whose dtype is fixed (the others take q's: float32, float16 or bfloat16).
+_EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32"}
 
 
 def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
@@ -54,7 +56,11 @@ def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
         return _capi.FaTensor()
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
-        raise FlashAttnError(f"{name}: expected dtype float32, float16, bfloat16 (int32 for cu_seqlens), got {t.dtype}")
+        expected = _EXPECTED_DTYPES.get(name, "float32, float16 or bfloat16")
+        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+    expected = _EXPECTED_DTYPES.get(name)
+    if expected is not None and str(t.dtype) != "torch." + expected:
+        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
     shape = t.shape
     if len(shape) > 4:
         raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(shape)}")
@@ -74,6 +80,7 @@ def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
 # schema once per argument on every call (torch/_library/utils.py fill_defaults), which cost ~130 us
 # per call with one schema argument per option and a third of that with two lists.
 NUM_INT_OPTS, NUM_FLOAT_OPTS = 7, 2
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
@@ -82,27 +89,44 @@ def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, cau
     """The (int_opts, float_opts) lists of flashattn::fwd / bwd."""
     if causal_align not in _ALIGN_CODES:
         raise FlashAttnError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
-    ints = [int(max_seqlen_q), int(max_seqlen_k), int(bool(causal)), _ALIGN_CODES[causal_align],
-            int(window_size_left), int(window_size_right), int(bool(deterministic))]
+    # The library's fields are int64: a Python int outside that range would otherwise fail inside
+    # torch's schema check with a message that names int_opts, not the argument.
+    sizes = {"max_seqlen_q": int(max_seqlen_q), "max_seqlen_k": int(max_seqlen_k),
+             "window_size[0] (left)": int(window_size_left), "window_size[1] (right)": int(window_size_right)}
+    for name, value in sizes.items():
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise FlashAttnError(f"{name}: expected a value in the int64 range [-2^63, 2^63 - 1], got {value}")
+    ints = [sizes["max_seqlen_q"], sizes["max_seqlen_k"], int(bool(causal)), _ALIGN_CODES[causal_align],
+            sizes["window_size[0] (left)"], sizes["window_size[1] (right)"], int(bool(deterministic))]
     return ints, [float(softmax_scale), float(softcap)]
 
 
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
 def _fill_common(p: _capi.FaParams, q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                 alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> None:
+                 alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple:
+    """Fills the options and the small tensors; returns the tensors p points into, which the
+    caller must keep alive until the library call returns (they may be fresh contiguous copies)."""
     if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
         raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
                              f"got {len(int_opts)} and {len(float_opts)}")
     (p.max_seqlen_q, p.max_seqlen_k, p.causal, p.causal_align, p.window_size_left, p.window_size_right,
      p.deterministic) = int_opts
     p.softmax_scale, p.softcap = float_opts
-    p.cu_seqlens_q = _view(cu_seqlens_q, "cu_seqlens_q")
-    p.cu_seqlens_k = _view(cu_seqlens_k, "cu_seqlens_k")
-    p.alibi_slopes = _view(alibi_slopes, "alibi_slopes")
+    # The library reads these as dense arrays; q, k, v may be strided, these small ones are copied
+    # when they are not (e.g. a slice of a larger slopes table).
+    kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes))
+    p.cu_seqlens_q = _view(kept[0], "cu_seqlens_q")
+    p.cu_seqlens_k = _view(kept[1], "cu_seqlens_k")
+    p.alibi_slopes = _view(kept[2], "alibi_slopes")
     if q.device.type == "cuda":
         p.stream = torch.cuda.current_stream(q.device).cuda_stream
     else:
         # Follow torch's intra-op thread setting rather than the library's "all cores" default.
         p.num_threads = torch.get_num_threads()
+    return kept
 
 
 def _run(fn, q: Tensor, p: _capi.FaParams) -> None:
@@ -139,7 +163,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
     p = _capi.FaParams()
     p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
     p.out, p.lse = _view(out, "out"), _view(lse, "lse")
-    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    kept = _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)  # noqa: F841
     _run(_capi.forward, q, p)
     return out, lse
 
@@ -151,15 +175,10 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float
     return out, lse
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
-        cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
-        float_opts: List[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    """Attention backward (FA-2 Alg. 2). Returns (dq, dk, dv) with the shapes and dtype of q, k, v.
-
-    lse must be the forward's. For GQA, dk/dv of a KV head sum over the query heads that read it.
-    """
-    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+def _backward_call(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                   int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    dout, out = _last_dim_contiguous(dout), _last_dim_contiguous(out)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -167,13 +186,65 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
     p.out, p.lse, p.dout = _view(out, "out"), _view(lse, "lse"), _view(dout, "dout")
     p.dq, p.dk, p.dv = _view(dq, "dq"), _view(dk, "dk"), _view(dv, "dv")
-    _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    kept = _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)  # noqa: F841
     _run(_capi.backward, q, p)
     return dq, dk, dv
 
 
+def _lse_term(q: Tensor, k: Tensor, lse: Tensor, dlse: Tensor, cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
+              float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+    """(dq, dk) of sum_i dlse_i * lse_i, by one more pass of the library's backward.
+
+    d lse_i / d S_ij = P_ij, so this term adds dlse_i to (dP_ij - D_i) in the backward's
+    dS = P o (dP - D) (FA-2 Alg. 2). The library computes dP = dout v^T and D = rowsum(dout o out),
+    so a call with v = a column of ones, dout = dlse in that column and out = 0 gives dP_ij = dlse_i,
+    D = 0, hence dS = P o dlse and the matching dq, dk, with the masks, ALiBi and the softcap chain
+    rule applied by the kernel itself. P is recomputed from q, k and lse as in any backward. The
+    CUDA kernels take head_dim_v in multiples of 8, hence the zero padding there.
+    """
+    width = 8 if q.device.type == "cuda" else 1
+    ones = torch.zeros((*k.shape[:-1], width), dtype=q.dtype, device=q.device)
+    ones[..., 0] = 1
+    dout = torch.zeros((*q.shape[:-1], width), dtype=q.dtype, device=q.device)
+    # lse is [batch, num_heads, seqlen_q] (or [num_heads, total_q]); dout's rows are [..., seqlen_q, num_heads].
+    dout[..., 0] = dlse.transpose(-1, -2)
+    out = torch.zeros_like(dout)
+    dq, dk, _ = _backward_call(dout, q, k, ones, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
+                               float_opts)
+    return dq, dk
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def bwd(dout: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+        int_opts: List[int], float_opts: List[float], dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention backward (FA-2 Alg. 2). Returns (dq, dk, dv) with the shapes and dtype of q, k, v.
+
+    dout is the gradient of out (None: out did not reach the loss), dlse (float32, lse's shape) the
+    gradient of lse (None: lse did not reach the loss); lse must be the forward's. For GQA, dk/dv of
+    a KV head sum over the query heads that read it. A dlse costs one more backward pass over the
+    scores (see _lse_term).
+    """
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    if dlse is not None and dlse.shape != lse.shape:
+        raise FlashAttnError(f"dlse: expected lse's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
+    if dout is None and dlse is None:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if dout is None:
+        dq, dk = _lse_term(q, k, lse, dlse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+        return dq, dk, torch.zeros_like(v)
+    dq, dk, dv = _backward_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
+                                float_opts)
+    if dlse is not None:
+        dq_lse, dk_lse = _lse_term(q, k, lse, dlse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+        dq.add_(dq_lse)
+        dk.add_(dk_lse)
+    return dq, dk, dv
+
+
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, dlse=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -182,18 +253,16 @@ def _fwd_setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.opts = (int_opts, float_opts)
-    # The gradient through lse is not implemented (as in flash-attn): mark it so that autograd says
-    # so instead of silently dropping a term.
-    ctx.mark_non_differentiable(lse)
-    # No zero-filled gradient for lse on every backward: it would be ignored.
+    # An output that does not reach the loss gets None rather than zeros, so that the common case
+    # (lse unused) costs no extra pass.
     ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, dout, dlse):
-    if dout is None:  # out did not reach the loss
+    if dout is None and dlse is None:
         return None, None, None, None, None, None, None, None
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
     return dq, dk, dv, None, None, None, None, None
 
 

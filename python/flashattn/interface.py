@@ -17,7 +17,8 @@ seqlen_q for causal_align="bottom_right" (flash-attn >= 2.1, the default) and of
 
 Differences from flash-attn, all loud: dropout_p > 0 and return_attn_probs=True raise ValueError
 (not implemented); float32 inputs are accepted besides float16/bfloat16; the lse is returned with
-return_lse=True and carries no gradient.
+return_lse=True and is differentiable too (d lse_i / d S_ij = P_ij; a gradient reaching lse costs one
+more backward pass over the scores); alibi_slopes get no gradient (requires_grad=True raises).
 """
 
 from __future__ import annotations
@@ -51,11 +52,37 @@ def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size:
         scale = 0.0  # the library's "1/sqrt(head_dim)"
     else:
         scale = float(softmax_scale)
-        if scale == 0.0:
-            raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a non-zero value, got 0.0")
-    if softcap < 0.0:
-        raise ValueError(f"softcap: expected >= 0 (0 = off), got {softcap}")
+        # The library takes float32, where 0 means "1/sqrt(head_dim)": a value that rounds to 0 or
+        # to infinity there would silently become the default or poison every score.
+        if not _finite_nonzero_in_float32(scale):
+            raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a value that is finite and "
+                             f"non-zero in float32 (magnitude in ({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), "
+                             f"got {softmax_scale!r}")
+    cap = float(softcap)
+    if not cap >= 0.0:  # also catches NaN
+        raise ValueError(f"softcap: expected >= 0 (0 = off), got {softcap!r}")
+    if cap != 0.0 and not _finite_nonzero_in_float32(cap):
+        raise ValueError("softcap: expected 0 (off) or a value that is finite and non-zero in float32 (in "
+                         f"({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), got {softcap!r}")
     return scale, left, right
+
+
+# float32 rounding (to nearest, ties to even) sends |x| <= 2^-150 (half the smallest subnormal) to 0
+# and |x| >= 2^128 - 2^103 (half an ulp above the largest finite float32) to infinity. Plain float
+# comparisons rather than a float32 round trip, so that torch.compile traces them.
+_F32_ZERO_BELOW = 2.0 ** -150
+_F32_INF_FROM = 2.0 ** 128 - 2.0 ** 103
+
+
+def _finite_nonzero_in_float32(x: float) -> bool:
+    return _F32_ZERO_BELOW < abs(x) < _F32_INF_FROM  # False for NaN too
+
+
+def _check_alibi_slopes(alibi_slopes: Optional[Tensor]) -> None:
+    # The backward returns no gradient for the slopes: refuse to train them rather than leave
+    # their .grad silently unset.
+    if alibi_slopes is not None and alibi_slopes.requires_grad and torch.is_grad_enabled():
+        raise ValueError("alibi_slopes: gradients are not supported; pass a tensor with requires_grad=False")
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -76,6 +103,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
         window_size: (left, right) sliding window in keys around the diagonal; -1 is unbounded.
         softcap: > 0 applies softcap * tanh(S / softcap) to the scores (Gemma-2); 0 is off.
         alibi_slopes: float32 [num_heads] or [batch, num_heads]; adds -slope * |i + offset - j|.
+            Constants: no gradient flows to them (requires_grad=True raises).
         deterministic: make the backward bitwise-repeatable (no atomics on the GPU).
         return_attn_probs: must be False (the probabilities are never materialized).
         return_lse: also return the log-sum-exp (keyword-only extension).
@@ -85,15 +113,20 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype; with return_lse=True the pair
         (out, lse) where lse is float32 [batch, num_heads, seqlen_q] (natural log; -inf for rows
-        that see no key) and carries no gradient. Differentiable in q, k and v.
+        that see no key). Differentiable in q, k and v through out and lse (a gradient reaching lse
+        costs one more backward pass); not in alibi_slopes.
 
     Raises:
-        ValueError: for dropout_p != 0, return_attn_probs=True, a bad causal_align or window_size.
+        ValueError: for dropout_p != 0, return_attn_probs=True, a bad causal_align or window_size, a
+            softmax_scale or softcap that is not finite or rounds to 0 in float32 (softcap=0 is off),
+            alibi_slopes that require grad (while grad mode is on), or a max_seqlen / window_size
+            outside the int64 range.
         FlashAttnError (a ValueError): when the library rejects the call; the message names the
             argument, what was expected and what came (e.g. a dtype, shape or device mismatch).
     """
     scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
                                        causal_align)
+    _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
     out, lse = _fwd(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
     return (out, lse) if return_lse else out
@@ -131,6 +164,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                                        causal_align)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected int32 tensors [batch + 1], got None")
+    _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(max_seqlen_q, max_seqlen_k, scale, causal, causal_align, left, right,
                                              softcap, deterministic)
     out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)

@@ -54,19 +54,34 @@ flashattn::AttentionParams to_params(const fa_params& c) {
 }
 
 // Enum fields arrive as raw integers from other languages: reject values outside the enums before
-// they are cast, so validation messages stay meaningful.
-void check_enums(const fa_params& c) {
-  const fa_tensor* tensors[] = {&c.q,    &c.k,  &c.v,  &c.out, &c.lse,          &c.dout,        &c.dq,
-                                &c.dk,   &c.dv, &c.cu_seqlens_q, &c.cu_seqlens_k, &c.alibi_slopes};
-  const char* names[] = {"q",  "k",  "v",  "out", "lse", "dout", "dq",
-                         "dk", "dv", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes"};
-  for (int i = 0; i < 12; ++i) {
-    const fa_tensor& t = *tensors[i];
-    if (t.ndim == 0) continue;
+// they are cast, so validation messages stay meaningful. Only the tensors the pass reads or writes
+// are checked: the forward ignores dout, dq, dk and dv (as the C++ API does), so garbage left in
+// them must not fail it.
+void check_enums(const fa_params& c, flashattn::Pass pass) {
+  struct Named {
+    const char* name;
+    const fa_tensor* tensor;
+    bool backward_only;
+  };
+  const Named tensors[] = {{"q", &c.q, false},
+                           {"k", &c.k, false},
+                           {"v", &c.v, false},
+                           {"out", &c.out, false},
+                           {"lse", &c.lse, false},
+                           {"dout", &c.dout, true},
+                           {"dq", &c.dq, true},
+                           {"dk", &c.dk, true},
+                           {"dv", &c.dv, true},
+                           {"cu_seqlens_q", &c.cu_seqlens_q, false},
+                           {"cu_seqlens_k", &c.cu_seqlens_k, false},
+                           {"alibi_slopes", &c.alibi_slopes, false}};
+  for (const Named& n : tensors) {
+    const fa_tensor& t = *n.tensor;
+    if (t.ndim == 0 || (n.backward_only && pass != flashattn::Pass::backward)) continue;
     if (t.dtype < FA_DTYPE_F32 || t.dtype > FA_DTYPE_I32)
-      throw flashattn::Error(std::string(names[i]) + ": expected dtype code 0..3, got " + std::to_string(t.dtype));
+      throw flashattn::Error(std::string(n.name) + ": expected dtype code 0..3, got " + std::to_string(t.dtype));
     if (t.device != FA_DEVICE_CPU && t.device != FA_DEVICE_CUDA)
-      throw flashattn::Error(std::string(names[i]) + ": expected device code 0 (cpu) or 1 (cuda), got " +
+      throw flashattn::Error(std::string(n.name) + ": expected device code 0 (cpu) or 1 (cuda), got " +
                              std::to_string(t.device));
   }
   if (c.causal_align != FA_ALIGN_BOTTOM_RIGHT && c.causal_align != FA_ALIGN_TOP_LEFT)
@@ -106,7 +121,7 @@ void fa_params_init(fa_params* params) {
 int fa_forward(const fa_params* params) {
   return guarded([&] {
     if (!params) throw flashattn::Error("params: expected a non-null fa_params*, got NULL");
-    check_enums(*params);
+    check_enums(*params, flashattn::Pass::forward);
     flashattn::forward(to_params(*params));
   });
 }
@@ -114,7 +129,7 @@ int fa_forward(const fa_params* params) {
 int fa_backward(const fa_params* params) {
   return guarded([&] {
     if (!params) throw flashattn::Error("params: expected a non-null fa_params*, got NULL");
-    check_enums(*params);
+    check_enums(*params, flashattn::Pass::backward);
     flashattn::backward(to_params(*params));
   });
 }
@@ -124,7 +139,7 @@ int fa_plan(const fa_params* params, int32_t pass, char* kernel, int32_t kernel_
   const int status = guarded([&] {
     if (!params) throw flashattn::Error("params: expected a non-null fa_params*, got NULL");
     if (pass != 0 && pass != 1) throw flashattn::Error("pass: expected 0 (forward) or 1 (backward), got " + std::to_string(pass));
-    check_enums(*params);
+    check_enums(*params, static_cast<flashattn::Pass>(pass));
     const flashattn::Plan pl = flashattn::plan(to_params(*params), static_cast<flashattn::Pass>(pass));
     if (!pl.ok) throw flashattn::Error(pl.reason);
     if (kernel && kernel_len > 0) {

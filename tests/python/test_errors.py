@@ -24,6 +24,20 @@ def test_error_type_is_value_error():
     (dict(window_size=(1, 2, 3)), "window_size"),
     (dict(softmax_scale=0.0), "softmax_scale"),
     (dict(softcap=-1.0), "softcap"),
+    # float32 is what the library takes, where 0 means "default": values that round to 0 or to
+    # infinity there must not pass silently.
+    (dict(softmax_scale=1e-50), "softmax_scale"),
+    (dict(softmax_scale=-1e-46), "softmax_scale"),
+    (dict(softmax_scale=1e39), "softmax_scale"),
+    (dict(softmax_scale=float("inf")), "softmax_scale"),
+    (dict(softmax_scale=float("nan")), "softmax_scale"),
+    (dict(softcap=1e-50), "softcap"),
+    (dict(softcap=1e39), "softcap"),
+    (dict(softcap=float("inf")), "softcap"),
+    (dict(softcap=float("nan")), "softcap"),
+    # Python ints beyond int64 must name the argument, not torch's int_opts schema list.
+    (dict(window_size=(2 ** 64 - 1, 0)), "window_size"),
+    (dict(window_size=(-1, -2 ** 63 - 1)), "window_size"),
 ])
 def test_unsupported_python_arguments(kwargs, match):
     q, k, v = qkv()
@@ -58,10 +72,75 @@ def test_window_below_minus_one():
         flash_attn_func(q, k, v, window_size=(-2, -1))
 
 
+def test_float32_normal_extremes_are_accepted():
+    q, k, v = qkv()
+    for scale in (2.0 ** -126, -(2.0 ** -126), 3.4e38):
+        assert flash_attn_func(q, k, v, softmax_scale=scale).shape == q.shape
+    for cap in (1e-30, 3.4e38):
+        assert torch.isfinite(flash_attn_func(q, k, v, softcap=cap)).all()
+
+
+def test_denormal_softmax_scale_is_not_the_default():
+    # 2^-149 survives float32 (as a denormal): the library either runs with it or refuses it by
+    # name, but never treats it as 0 (= 1/sqrt(head_dim)).
+    q, k, v = qkv()
+    try:
+        out = flash_attn_func(q, k, v, softmax_scale=2.0 ** -149)
+    except ValueError as e:
+        assert str(e).startswith("softmax_scale:"), str(e)
+        return
+    assert not torch.allclose(out, flash_attn_func(q, k, v))
+
+
+def test_varlen_max_seqlen_beyond_int64():
+    q, k, v = varlen_inputs()
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 2 ** 64 + 3, 10)
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 10, -2 ** 63 - 1)
+
+
+def test_alibi_slopes_requiring_grad_are_refused():
+    q, k, v = qkv()
+    slopes = torch.full((2,), 0.25, requires_grad=True)
+    with pytest.raises(ValueError, match="alibi_slopes: gradients are not supported"):
+        flash_attn_func(q, k, v, alibi_slopes=slopes)
+    q, k, v = varlen_inputs()
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="alibi_slopes: gradients are not supported"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 6, 6, alibi_slopes=slopes)
+    # Without grad mode nothing would be trained, so it runs (inference with a learned table).
+    with torch.no_grad():
+        out = flash_attn_func(*qkv(), alibi_slopes=slopes)
+    assert torch.isfinite(out).all()
+    out = flash_attn_func(*qkv(), alibi_slopes=slopes.detach())
+    assert torch.isfinite(out).all()
+
+
+def test_non_contiguous_small_tensors_are_copied():
+    # cu_seqlens and alibi_slopes are taken like q, k, v: strided ones are made contiguous, not refused.
+    q, k, v = (torch.randn(10, 2, 16) for _ in range(3))
+    cu = torch.tensor([0, 0, 4, 4, 10, 10], dtype=torch.int32)
+    slopes_table = torch.rand(3, 4) * 0.5
+    slopes = slopes_table[:, 1]  # stride 4
+    assert not cu[::2].is_contiguous() and not slopes[:2].is_contiguous()
+    ours = flash_attn_varlen_func(q, k, v, cu[::2], cu[::2], 6, 6, causal=True, alibi_slopes=slopes[:2])
+    ref = flash_attn_varlen_func(q, k, v, cu[::2].contiguous(), cu[::2].contiguous(), 6, 6, causal=True,
+                                 alibi_slopes=slopes[:2].contiguous())
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    # Per-batch [batch, num_heads] slopes transposed out of a [num_heads, batch] table.
+    qb, kb, vb = (torch.randn(3, 8, 2, 16) for _ in range(3))
+    table = torch.rand(2, 3) * 0.5
+    ours = flash_attn_func(qb, kb, vb, alibi_slopes=table.t())
+    ref = flash_attn_func(qb, kb, vb, alibi_slopes=table.t().contiguous())
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("slopes, match", [
     (torch.ones(3), "alibi_slopes"),
-    (torch.ones(2, dtype=torch.float16), "alibi_slopes: expected dtype"),
-    (torch.ones(2, dtype=torch.float64), "alibi_slopes: expected dtype"),
+    (torch.ones(2, dtype=torch.float16), "alibi_slopes: expected dtype float32, got float16"),
+    (torch.ones(2, dtype=torch.float64), "alibi_slopes: expected dtype float32, got float64"),
 ])
 def test_bad_alibi_slopes(slopes, match):
     q, k, v = qkv()
@@ -75,7 +154,8 @@ def varlen_inputs():
 
 
 @pytest.mark.parametrize("cu_q, match", [
-    (torch.tensor([0, 4, 10], dtype=torch.int64), "cu_seqlens_q: expected dtype"),
+    (torch.tensor([0, 4, 10], dtype=torch.int64), "cu_seqlens_q: expected dtype int32, got int64"),
+    (torch.tensor([0, 4, 10], dtype=torch.float64), "cu_seqlens_q: expected dtype int32, got float64"),
     (torch.tensor([0, 4, 9], dtype=torch.int32), "cu_seqlens_q: expected last element"),
     (torch.tensor([1, 4, 10], dtype=torch.int32), "cu_seqlens_q: expected element 0"),
     (torch.tensor([0, 6, 4, 10], dtype=torch.int32), "cu_seqlens"),
@@ -106,13 +186,6 @@ def test_mixed_devices():
     q, k, v = qkv()
     with pytest.raises(FlashAttnError, match="same as q"):
         flash_attn_func(q.cuda(), k, v.cuda())
-
-
-def test_lse_gradient_is_refused():
-    q, k, v = (t.requires_grad_() for t in qkv())
-    _, lse = flash_attn_func(q, k, v, return_lse=True)
-    with pytest.raises(RuntimeError):
-        lse.sum().backward()
 
 
 def test_no_output_written_on_error():

@@ -58,6 +58,11 @@ def test_opcheck_bwd(device, case):
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.flashattn.bwd.default,
                           (dout, q, k, v, out, lse, cu_q, cu_k, slopes, int_opts, float_opts))
+    # With the gradient of lse, alone and with dout's.
+    dlse = torch.randn_like(lse)
+    for d in (dout, None):
+        torch.library.opcheck(torch.ops.flashattn.bwd.default,
+                              (d, q, k, v, out, lse, cu_q, cu_k, slopes, int_opts, float_opts, dlse))
 
 
 def attention_block(x, w_qkv, w_o, num_heads):

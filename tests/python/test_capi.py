@@ -1,0 +1,63 @@
+"""The C API (include/flashattn/flashattn.h) through the package's ctypes bindings: enum checks cover
+only the tensors the pass uses, as the C++ API reads only those."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashattn import FlashAttnError, _capi, _ops  # noqa: E402
+
+
+def garbage_tensor(dtype=55, device=0):
+    """An fa_tensor with an out-of-range dtype (or device) code, as stale memory could hold."""
+    t = _capi.FaTensor()
+    t.data = 0x10
+    t.dtype, t.device, t.ndim = dtype, device, 4
+    for i in range(4):
+        t.shape[i], t.stride[i] = 1, 1
+    return t
+
+
+def forward_params():
+    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
+    out, lse = torch.full((1, 8, 2, 16), float("nan")), torch.full((1, 2, 8), float("nan"))
+    p = _capi.new_params()
+    p.q, p.k, p.v = _ops._view(q, "q"), _ops._view(k, "k"), _ops._view(v, "v")
+    p.out, p.lse = _ops._view(out, "out"), _ops._view(lse, "lse")
+    return p, (q, k, v, out, lse)
+
+
+@pytest.mark.parametrize("field", ["dout", "dq", "dk", "dv"])
+@pytest.mark.parametrize("bad", [dict(dtype=55, device=0), dict(dtype=0, device=9)], ids=["dtype", "device"])
+def test_forward_ignores_backward_tensors(field, bad):
+    p, (q, k, v, out, lse) = forward_params()
+    setattr(p, field, garbage_tensor(**bad))
+    _capi.forward(p)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert _capi.plan(p, backward_pass=False)
+    # The backward reads them, so there the same value is refused by name.
+    what = "dtype code" if bad["dtype"] == 55 else "device code"
+    with pytest.raises(FlashAttnError, match=f"{field}: expected {what}"):
+        _capi.backward(p)
+    with pytest.raises(FlashAttnError, match=f"{field}: expected {what}"):
+        _capi.plan(p, backward_pass=True)
+
+
+@pytest.mark.parametrize("field", ["q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes"])
+def test_forward_checks_its_tensors(field):
+    p, tensors = forward_params()
+    setattr(p, field, garbage_tensor(dtype=55))
+    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..3, got 55"):
+        _capi.forward(p)
+    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..3, got 55"):
+        _capi.plan(p, backward_pass=False)
+
+
+def test_backward_still_runs_with_valid_tensors():
+    p, (q, k, v, out, lse) = forward_params()
+    _capi.forward(p)
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    p.dout, p.dq, p.dk, p.dv = (_ops._view(t, n) for t, n in ((dout, "dout"), (dq, "dq"), (dk, "dk"), (dv, "dv")))
+    _capi.backward(p)
+    assert not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
