@@ -12,10 +12,20 @@
 
 namespace {
 
-// Messages can carry names read from untrusted files: keep them on one printable line.
+// Messages can carry names and bytes read from untrusted files (a tensor name, a JSON parser's
+// excerpt of a header): keep them on one line of printable ASCII, every other byte as \xNN.
 void print_error(const std::string& message) {
   std::string line;
-  for (char c : message) line += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? ' ' : c;
+  for (char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      line += c;
+    } else {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", u);
+      line += escaped;
+    }
+  }
   std::fprintf(stderr, "flashattn: error: %s\n", line.c_str());
 }
 

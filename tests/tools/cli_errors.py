@@ -8,12 +8,13 @@ Usage: cli_errors.py PATH/TO/flashattn   (standard library only: runs without nu
 import json
 import os
 import random
+import resource
 import struct
 import subprocess
 import sys
 import tempfile
 
-CLI = sys.argv[1]
+CLI = os.path.abspath(sys.argv[1])
 failures = []
 
 
@@ -47,13 +48,13 @@ def write(d, name, data):
     return path
 
 
-def run(args):
-    return subprocess.run([CLI] + args, capture_output=True, text=True, timeout=120)
+def run(args, preexec_fn=None):
+    return subprocess.run([CLI] + args, capture_output=True, text=True, timeout=120, preexec_fn=preexec_fn)
 
 
-def expect_error(label, args, needle, out_dir):
+def expect_error(label, args, needle, out_dir, preexec_fn=None):
     before = set(os.listdir(out_dir))
-    r = run(args)
+    r = run(args, preexec_fn)
     lines = r.stderr.splitlines()
     problems = []
     if r.returncode <= 0 or r.returncode >= 128:
@@ -84,6 +85,8 @@ def main():
         v = write(d, "v.npy", npy("<f4", (B, S, H, D), f32(n)))
         dout = write(d, "dout.npy", npy("<f4", (B, S, H, D), f32(n)))
         qkv = ["run", "--k", k, "--v", v]
+        full = write(d, "full.safetensors",
+                     safetensors([(name, "F32", (B, S, H, D), f32(n)) for name in ("q", "k", "v", "dout")]))
 
         def bad_q(label, data, needle):
             path = write(d, label.replace(" ", "_") + ".npy", data)
@@ -117,8 +120,25 @@ def main():
         bad_q("head_dim mismatch", npy("<f4", (B, S, H, D // 2), f32(n // 2)), "head_dim")
         wide_v = write(d, "wide_v.npy", npy("<f4", (1, 1, 1, 1 << 20), f32(1 << 20)))
         long_q = write(d, "long_q.npy", npy("<f4", (1, 1 << 18, 1, 1), f32(1 << 18)))
-        expect_error("huge head_dim_v", ["run", "--q", long_q, "--k", long_q, "--v", wide_v, "--out", o("o.npy")],
-                     "head_dim_v", out_dir)
+        one_k = write(d, "one_k.npy", npy("<f4", (1, 1, 1, 1), f32(1)))
+        expect_error("huge head_dim_v", ["run", "--q", long_q, "--k", one_k, "--v", wide_v, "--out", o("o.npy")],
+                     "v: expected shape[3] (head_dim_v) in 1..256, got 1048576", out_dir)
+        # Output shapes come from the headers: the call is validated before any output memory exists
+        # (these 128-byte files once made the CLI allocate 1 GB of lse, or fail with "out of memory").
+        bad_q("head_dim 0", npy("<f4", (1, 16000, 16000, 0), b""), "q: expected shape[3] (head_dim) in 1..256, got 0")
+        bad_q("head_dim 0 huge", npy("<f4", (1, 100000, 100000, 0), b""), "(head_dim) in 1..256, got 0")
+        bad_q("empty, huge dims", npy("<f4", (0, 999999999999999999, 999999999999999999, 8), b""),
+              "more elements than int64 can index")
+        # out = q's rows x head_dim_v 256: 4 GiB from a 16 MiB q, refused under a 2 GiB address-space
+        # limit (sanitizer builds cannot start under such a limit: then the case is skipped, said so).
+        long_q1 = write(d, "long_q1.npy", npy("<f4", (1, 1 << 22, 1, 1), f32(1 << 22)))
+        wide_v1 = write(d, "wide_v1.npy", npy("<f4", (1, 1, 1, 256), f32(256)))
+        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        if subprocess.run([CLI, "--version"], capture_output=True, preexec_fn=limit).returncode == 0:
+            expect_error("outputs exceed memory", ["run", "--q", long_q1, "--k", one_k, "--v", wide_v1, "--out",
+                                                   o("o.npy")], "of memory available", out_dir, preexec_fn=limit)
+        else:
+            print("skip outputs exceed memory (the CLI does not start under a 2 GiB address-space limit)")
         bad_q("dtype mismatch", npy("<f2", (B, S, H, D), b"\0\x3c" * n), "dtype")
 
         st = lambda name, tensors, raw=None, raw_data=b"": write(d, name, safetensors(tensors, raw, raw_data))
@@ -176,6 +196,44 @@ def main():
         expect_error("varlen without cu_seqlens", varlen, "cu_seqlens", out_dir)
         expect_error("unwritable output", base + ["--out", os.path.join(d, "no", "such", "dir", "o.npy")],
                      "cannot write", out_dir)
+        # Output paths are checked before anything runs, and no file is renamed into place before
+        # all are written.
+        expect_error("unwritable second output", base + ["--out", o("a.npy"), "--lse", o("zz/l.npy")],
+                     "--lse: cannot write", out_dir)
+        expect_error("output is a directory", base + ["--out", out_dir], "is a directory", out_dir)
+        # The same file spelled two ways, and outputs over inputs.
+        cwd = os.getcwd()
+        os.chdir(out_dir)
+        try:
+            expect_error("same npy spelled twice", base + ["--out", "o2.npy", "--lse", "./o2.npy"],
+                         "--lse: './o2.npy' is the same file as --out 'o2.npy'", out_dir)
+            expect_error("same npy via ..", base + ["--out", "o2.npy", "--lse", "../out/o2.npy"], "same file",
+                         out_dir)
+        finally:
+            os.chdir(cwd)
+        expect_error("--out over --q", base + ["--out", q], "--out: refusing to overwrite the input file given to --q",
+                     out_dir)
+        expect_error("--lse over --v", base + ["--out", o("o.npy"), "--lse", os.path.join(d, ".", "v.npy")],
+                     "--lse: refusing to overwrite the input file given to --v", out_dir)
+        expect_error("--dq over --dout", base + ["--out", o("o.npy"), "--dout", dout, "--dq", dout, "--dk",
+                                                 o("dk.npy"), "--dv", o("dv.npy")],
+                     "--dq: refusing to overwrite the input file given to --dout", out_dir)
+        expect_error("--out over --inputs", ["run", "--inputs", os.path.join(d, "full.safetensors"), "--out",
+                                             os.path.join(d, "full.safetensors")],
+                     "refusing to overwrite the input file given to --inputs", out_dir)
+        # Command-line validators: short messages (CLI11's PositiveNumber printed DBL_MAX in full).
+        expect_error("--seqlen 0", ["--seqlen", "0"], "--seqlen: expected a number > 0, got 0", out_dir)
+        expect_error("bench --max-seconds 0", ["bench", "--max-seconds", "0"], "expected a number > 0", out_dir)
+        expect_error("bench --heads-k -1", ["bench", "--heads-k", "-1"], "expected a number >= 0", out_dir)
+        # Bytes from file headers are escaped: the error line is printable ASCII.
+        ff = st("ff.safetensors", [], b'{"\xff\xfe": 1}')
+        expect_error("non-UTF-8 header", ["run", "--inputs", ff, "--out", o("o.npy")], "safetensors", out_dir)
+        r = subprocess.run([CLI, "run", "--inputs", ff, "--out", o("o.npy")], capture_output=True)
+        if any(b < 0x20 and b != 0x0a or b >= 0x7f for b in r.stderr) or r.stderr.count(b"\n") != 1:
+            failures.append("non-UTF-8 header escaped")
+            print("FAIL non-UTF-8 header escaped: %r" % r.stderr)
+        else:
+            print("ok   non-UTF-8 header escaped                %s" % r.stderr.decode().strip())
         expect_error("unknown command", ["frobnicate"], "frobnicate", out_dir)
         expect_error("bench bad dtype", ["bench", "--dtype", "f64", "--seqlen", "16"], "--dtype", out_dir)
         expect_error("check bad device", ["check", "--device", "tpu"], "device", out_dir)
@@ -187,18 +245,32 @@ def main():
             print("FAIL good npy run: exit %d\n%s%s" % (r.returncode, r.stdout, r.stderr))
         else:
             print("ok   good npy run (--check PASS)")
-        full = st("full.safetensors", [(name, "F32", (B, S, H, D), f32(n)) for name in ("q", "k", "v", "dout")])
-        r = run(["run", "--inputs", full, "--out", o("all.safetensors"), "--check", "--window", "2,1"])
-        names = set()
-        if os.path.exists(o("all.safetensors")):
-            with open(o("all.safetensors"), "rb") as f:
+        def st_names(path):
+            if not os.path.exists(path):
+                return set()
+            with open(path, "rb") as f:
                 (length,) = struct.unpack("<Q", f.read(8))
-                names = set(json.loads(f.read(length)))
-        if r.returncode != 0 or names != {"out", "lse", "dq", "dk", "dv"}:
-            failures.append("good safetensors run")
-            print("FAIL good safetensors run: exit %d, names %s\n%s%s" % (r.returncode, names, r.stdout, r.stderr))
-        else:
-            print("ok   good safetensors run (out, lse, dq, dk, dv in one file)")
+                return set(json.loads(f.read(length)))
+
+        good_st_calls = [
+            ("good safetensors run", ["--out", o("all.safetensors")], o("all.safetensors")),
+            # The same .safetensors file named by --out and --dq in two spellings: one file, merged.
+            ("safetensors --dq spelled differently", ["--out", o("r.safetensors"), "--dq",
+                                                      os.path.join(out_dir, ".", "r.safetensors")],
+             o("r.safetensors")),
+        ]
+        for label, extra, path in good_st_calls:
+            r = run(["run", "--inputs", full, "--check", "--window", "2,1"] + extra)
+            names = st_names(path)
+            if r.returncode != 0 or names != {"out", "lse", "dq", "dk", "dv"}:
+                failures.append(label)
+                print("FAIL %s: exit %d, names %s\n%s%s" % (label, r.returncode, names, r.stdout, r.stderr))
+            else:
+                print("ok   %s (out, lse, dq, dk, dv in one file)" % label)
+        leftovers = [f for f in os.listdir(out_dir) if ".tmp" in f]
+        if leftovers:
+            failures.append("temporary files left")
+            print("FAIL temporary files left: %s" % leftovers)
 
     print("%d failed" % len(failures))
     return 1 if failures else 0

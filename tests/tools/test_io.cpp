@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -254,6 +256,65 @@ TEST(HostTensor, ByteSizeOverflowAndView) {
   EXPECT_EQ(v.stride[2], 1);
   HostTensor t5 = random_tensor(DType::f32, {1, 1, 1, 1, 1});
   EXPECT_THROW(t5.view(), Error);
+}
+
+// Regression: an empty tensor with huge dimensions (0, 999999999999999999, 999999999999999999, 8)
+// passed the readers (byte size 0) and then overflowed int64 in numel() and view()'s strides.
+TEST(HostTensor, EmptyTensorWithHugeDimsIsRefused) {
+  const int64_t huge = 999999999999999999;
+  try {
+    checked_byte_size({0, huge, huge, 8}, 4, "q");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q: shape [0, 999999999999999999, 999999999999999999, 8] has more "
+                                         "elements than int64 can index"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_npy_error(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 999999999999999999, "
+                                   "999999999999999999, 8), }",
+                                   0),
+                   "more elements than int64 can index");
+  HostTensor t;
+  t.shape = {0, huge, huge, 8};
+  EXPECT_THROW(t.view(), Error);
+  t.shape = {huge, huge};
+  EXPECT_THROW(t.numel(), Error);
+  t.shape = {0, huge, 8};  // fits: numel 0, strides in range
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_EQ(t.view().stride[0], huge * 8);
+}
+
+// OutputFiles writes temporaries and renames them only on commit(); without commit() nothing is
+// left behind, and a failed add() leaves no file either.
+TEST(Files, OutputFilesAreAllOrNothing) {
+  const std::string dir = testing::TempDir() + "flashattn_io_outputs_" + std::to_string(std::random_device{}());
+  std::filesystem::create_directories(dir);
+  const std::string a = dir + "/a.npy", b = dir + "/b.npy";
+  auto count_files = [&] {
+    const std::filesystem::directory_iterator files(dir);
+    return std::distance(begin(files), end(files));
+  };
+  {
+    OutputFiles files;
+    files.add(a, {1, 2, 3});
+    EXPECT_THROW(files.add(dir + "/missing/b.npy", {4}), Error);
+  }
+  EXPECT_EQ(count_files(), 0);
+  {
+    OutputFiles files;
+    files.add(a, {1, 2, 3});
+    files.add(b, {4, 5});
+    EXPECT_EQ(count_files(), 2);  // the two temporaries
+    files.commit();
+  }
+  EXPECT_EQ(read_file(a), (Bytes{1, 2, 3}));
+  EXPECT_EQ(read_file(b), (Bytes{4, 5}));
+  EXPECT_EQ(count_files(), 2);
+  EXPECT_THROW(check_writable(dir + "/missing/c.npy"), Error);
+  EXPECT_THROW(check_writable(dir), Error);
+  EXPECT_NO_THROW(check_writable(dir + "/c.npy"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -200,20 +200,20 @@ Command add_bench_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("bench", "Benchmark GFLOP/s and working memory over a sweep of shapes.");
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app->add_option("--dtype", args->dtypes, "comma-separated: f32, f16, bf16")->delimiter(',');
-  app->add_option("--head-dim", args->head_dims, "comma-separated head dims")->delimiter(',')->check(CLI::PositiveNumber);
+  app->add_option("--head-dim", args->head_dims, "comma-separated head dims")->delimiter(',')->check(positive_number());
   app->add_option("--seqlen", args->seqlens, "comma-separated sequence lengths (seqlen_q = seqlen_k)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
-  app->add_option("--batch", args->batch, "batch size")->check(CLI::PositiveNumber);
-  app->add_option("--heads", args->heads, "query heads")->check(CLI::PositiveNumber);
-  app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")->check(CLI::NonNegativeNumber);
+      ->check(positive_number());
+  app->add_option("--batch", args->batch, "batch size")->check(positive_number());
+  app->add_option("--heads", args->heads, "query heads")->check(positive_number());
+  app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")->check(non_negative_number());
   app->add_option("--causal", args->causal, "both, true or false");
   app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->delimiter(',');
   app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
   app->add_option("--repeats", args->repeats, "timed runs after the warm-up (median reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app->add_option("--max-seconds", args->max_seconds, "stop repeating a shape once its timed runs exceed this")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app->add_option("--json", args->json, "also write the results as JSON to this file");
   return {app, [args] { return bench(*args); }};
 }

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace flashattn::cli {
 
@@ -12,6 +13,23 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> action;
 };
+
+// Validators for numeric options. CLI11 2.1's PositiveNumber and NonNegativeNumber are ranges of
+// doubles whose message prints DBL_MAX in full ("Value 0 not in range 0.000000 to 1797...", 300
+// digits); these say "expected a number > 0, got 0".
+inline CLI::Validator number_above(double lowest, bool inclusive, const char* name) {
+  const std::string expected = std::string(inclusive ? ">= " : "> ") + (lowest == 0 ? "0" : std::to_string(lowest));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "expected a number, got '" + text + "'";
+        const bool ok = inclusive ? value >= lowest : value > lowest;
+        return ok ? std::string() : "expected a number " + expected + ", got " + text;
+      },
+      name);
+}
+inline CLI::Validator positive_number() { return number_above(0, false, "POSITIVE"); }
+inline CLI::Validator non_negative_number() { return number_above(0, true, "NONNEGATIVE"); }
 
 Command add_run_command(CLI::App& parent);
 Command add_check_command(CLI::App& parent);

@@ -8,6 +8,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/half.hpp"
 #include "common/params.hpp"
@@ -21,6 +25,8 @@ namespace flashattn::cli {
 namespace {
 
 bool given(const HostTensor& t) { return !t.shape.empty(); }
+
+constexpr int64_t kMaxHeadDim = 256;  // validate()'s bound for head_dim and head_dim_v
 
 TensorView view_of(const char* name, HostTensor& t) {
   if (!given(t)) return TensorView{};
@@ -143,6 +149,86 @@ ErrorRow compare(const std::string& name, const std::vector<double>& ours, const
   return row;
 }
 
+// Shapes of the outputs as the CLI allocates them: out [.., head_dim_v] like q with v's last
+// dimension, lse [batch, num_heads, seqlen_q] (varlen [num_heads, total_q]), dq like q, dk like k,
+// dv like v.
+struct OutputShapes {
+  std::vector<int64_t> out, lse, dq, dk, dv;
+};
+
+OutputShapes output_shapes(const Tensors& t, bool backward) {
+  const std::size_t rank = t.q.shape.size();
+  if (rank != 4 && rank != 3) {
+    throw Error("q: expected shape [batch, seqlen_q, num_heads, head_dim] or [total_q, num_heads, head_dim] "
+                "(varlen), got " + io::shape_string(t.q.shape));
+  }
+  OutputShapes s;
+  s.out = t.q.shape;
+  if (given(t.v)) s.out.back() = t.v.shape.back();
+  if (rank == 4) {
+    s.lse = {t.q.shape[0], t.q.shape[2], t.q.shape[1]};
+  } else {
+    s.lse = {t.q.shape[1], t.q.shape[0]};
+  }
+  if (backward) {
+    s.dq = t.q.shape;
+    s.dk = t.k.shape;
+    s.dv = t.v.shape;
+  }
+  return s;
+}
+
+// MemAvailable from /proc/meminfo (Linux), else the free physical pages; 0 when unknown.
+uint64_t system_memory() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    std::fclose(f);
+    if (found) return static_cast<uint64_t>(kib) * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// Bytes of memory the process can still get without swapping: the system's, capped by the
+// address-space limit (ulimit -v); 0 when unknown.
+uint64_t available_memory() {
+  uint64_t limit = std::numeric_limits<uint64_t>::max();
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) limit = static_cast<uint64_t>(as.rlim_cur);
+  const uint64_t system = system_memory();
+  return system == 0 ? (limit == std::numeric_limits<uint64_t>::max() ? 0 : limit) : std::min(system, limit);
+}
+
+std::string gib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / double(uint64_t{1} << 30));
+  return text;
+}
+
+// Refuses outputs that could not be allocated (their sizes come from untrusted file headers), with
+// their byte count and the memory available, rather than a bare "out of memory" or swapping.
+void check_memory(const OutputShapes& s, DType dtype) {
+  const std::size_t elem = io::element_size(dtype);
+  uint64_t total = 0;
+  std::string names;
+  const std::pair<const char*, const std::vector<int64_t>*> all[] = {
+      {"out", &s.out}, {"lse", &s.lse}, {"dq", &s.dq}, {"dk", &s.dk}, {"dv", &s.dv}};
+  for (const auto& [name, shape] : all) {
+    if (shape->empty()) continue;
+    const uint64_t bytes = io::checked_byte_size(*shape, shape == &s.lse ? sizeof(float) : elem, name);
+    total = total > std::numeric_limits<uint64_t>::max() - bytes ? std::numeric_limits<uint64_t>::max() : total + bytes;
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  const uint64_t available = available_memory();
+  if (available > 0 && total > available) {
+    throw Error("outputs: " + names + " need " + gib(total) + " (out " + io::shape_string(s.out) +
+                "), more than the " + gib(available) + " of memory available");
+  }
+}
+
 }  // namespace
 
 AttentionParams make_params(Tensors& t, const CallOptions& o) {
@@ -171,31 +257,34 @@ AttentionParams make_params(Tensors& t, const CallOptions& o) {
 }
 
 void allocate_outputs(Tensors& t, bool backward) {
+  const OutputShapes shapes = output_shapes(t, backward);
+  // The output shapes come from untrusted headers, and validate() needs the outputs to exist: check
+  // first the rules that bound their size by the inputs' (validate()'s rules, in its words). With
+  // 1 <= head_dim, head_dim_v <= 256, out has at most 256x q's elements, lse at most q's rows x
+  // heads, dq, dk, dv as many as q, k, v; then the total must fit in memory.
   const std::size_t rank = t.q.shape.size();
-  if (rank != 4 && rank != 3) {
-    throw Error("q: expected shape [batch, seqlen_q, num_heads, head_dim] or [total_q, num_heads, head_dim] "
-                "(varlen), got " + io::shape_string(t.q.shape));
+  const int64_t num_heads = t.q.shape[rank - 2], head_dim = t.q.shape[rank - 1];
+  if (num_heads < 1) {
+    throw Error("q: expected shape[" + std::to_string(rank - 2) + "] (num_heads) >= 1, got " + std::to_string(num_heads));
   }
-  std::vector<int64_t> out_shape = t.q.shape;
-  if (given(t.v)) out_shape.back() = t.v.shape.back();
-  // out is sized by q's rows and v's last dimension, which come from untrusted files and are only
-  // checked by validate() once the outputs exist: refuse an absurd head_dim_v before allocating
-  // (both head dims are at most a few hundred in any supported call).
-  const int64_t head_dim = t.q.shape.back(), head_dim_v = out_shape.back();
-  if (head_dim_v > 1024 && head_dim_v > 8 * head_dim) {
-    throw Error("v: expected shape[" + std::to_string(rank - 1) + "] (head_dim_v) comparable to q's head_dim " +
-                std::to_string(head_dim) + ", got " + std::to_string(head_dim_v));
+  if (head_dim < 1 || head_dim > kMaxHeadDim) {
+    throw Error("q: expected shape[" + std::to_string(rank - 1) + "] (head_dim) in 1..256, got " +
+                std::to_string(head_dim));
   }
-  t.out = nan_tensor(t.q.dtype, out_shape);
-  if (rank == 4) {
-    t.lse = nan_tensor(DType::f32, {t.q.shape[0], t.q.shape[2], t.q.shape[1]});
-  } else {
-    t.lse = nan_tensor(DType::f32, {t.q.shape[1], t.q.shape[0]});
+  if (given(t.v)) {
+    const int64_t head_dim_v = t.v.shape.back();
+    if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
+      throw Error("v: expected shape[" + std::to_string(t.v.shape.size() - 1) + "] (head_dim_v) in 1..256, got " +
+                  std::to_string(head_dim_v));
+    }
   }
+  check_memory(shapes, t.q.dtype);
+  t.out = nan_tensor(t.q.dtype, shapes.out);
+  t.lse = nan_tensor(DType::f32, shapes.lse);
   if (backward) {
-    t.dq = nan_tensor(t.q.dtype, t.q.shape);
-    if (given(t.k)) t.dk = nan_tensor(t.k.dtype, t.k.shape);
-    if (given(t.v)) t.dv = nan_tensor(t.v.dtype, t.v.shape);
+    t.dq = nan_tensor(t.q.dtype, shapes.dq);
+    if (given(t.k)) t.dk = nan_tensor(t.k.dtype, shapes.dk);
+    if (given(t.v)) t.dv = nan_tensor(t.v.dtype, shapes.dv);
   }
 }
 

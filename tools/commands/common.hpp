@@ -35,8 +35,12 @@ struct CallOptions {
 AttentionParams make_params(Tensors& t, const CallOptions& o);
 
 // Allocates out and lse (and dq, dk, dv when `backward`) from the shapes of q, k, v, filled with
-// NaN so that an element the library fails to write can never pass. Throws Error naming q when
-// its rank is neither 4 (batched) nor 3 (varlen).
+// NaN so that an element the library fails to write can never pass. Output shapes come from
+// untrusted file headers, so before allocating anything it throws Error for the shape rules that
+// bound the outputs' size, in validate()'s words: q's rank neither 4 (batched) nor 3 (varlen),
+// num_heads < 1, head_dim or v's head_dim_v outside 1..256; and Error("outputs: ...") when the
+// outputs need more bytes than the memory available (MemAvailable, capped by ulimit -v). The
+// rest of validate() runs on the complete call.
 void allocate_outputs(Tensors& t, bool backward);
 
 // A random problem for check / bench / the default command.

@@ -1,11 +1,17 @@
 // `flashattn run`: attention on tensors read from .npy / .safetensors files, outputs written by
-// extension. Everything is read and checked before anything runs, and every output file is
-// serialized before the first one is written, so that a bad call writes nothing.
+// extension. Everything is read and checked (output paths for clashes with each other and with the
+// inputs, their directories for write access; the shapes that size the outputs) before any output
+// memory is allocated, the call is validated before anything runs, and every output file is written
+// to a temporary and renamed only once all are written, so that a bad call writes nothing.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <utility>
+#include <vector>
 
 #include "commands/commands.hpp"
 #include "commands/common.hpp"
@@ -87,6 +93,28 @@ std::pair<int64_t, int64_t> parse_window(const std::string& text) {
   return {parse_int(text.substr(0, comma)), parse_int(text.substr(comma + 1))};
 }
 
+// One output tensor: its name, the option that sent it to `path` (--out for the outputs a
+// .safetensors --out receives by default), and the path as given.
+struct Target {
+  std::string name, option, path;
+};
+// The targets written to one file (several only for .safetensors).
+struct OutputFile {
+  std::vector<Target> targets;
+};
+
+// True when two paths name the same file: equal once made absolute with symlinks, "." and ".."
+// resolved (weakly_canonical: the file need not exist), or hard links to one existing file.
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec_a, ec_b, ec;
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec), ec_a);
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec), ec_b);
+  if (!ec_a && !ec_b && ca == cb) return true;
+  if (a == b) return true;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
 int run(const RunArgs& a) {
   CallOptions o;
   o.causal = a.causal;
@@ -130,33 +158,65 @@ int run(const RunArgs& a) {
 
   // Where each output goes. A .safetensors --out also takes every output not given its own file.
   const bool out_st = io::is_safetensors_path(a.out);
-  std::vector<std::pair<std::string, std::string>> targets = {{"out", a.out}};  // (name, path)
-  if (!a.lse.empty() || out_st) targets.emplace_back("lse", a.lse.empty() ? a.out : a.lse);
+  std::vector<Target> targets = {{"out", "--out", a.out}};
+  if (!a.lse.empty()) {
+    targets.push_back({"lse", "--lse", a.lse});
+  } else if (out_st) {
+    targets.push_back({"lse", "--out", a.out});
+  }
   const std::pair<const char*, const std::string*> grads[] = {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
   for (const auto& [name, path] : grads) {
+    const std::string option = std::string("--") + name;
     if (!backward) {
-      if (!path->empty()) throw Error(std::string("--") + name + ": needs --dout (the backward pass)");
+      if (!path->empty()) throw Error(option + ": needs --dout (the backward pass)");
       continue;
     }
     if (path->empty() && !out_st) {
-      throw Error(std::string("--") + name + ": required with --dout (or give a .safetensors --out to hold every output)");
+      throw Error(option + ": required with --dout (or give a .safetensors --out to hold every output)");
     }
-    targets.emplace_back(name, path->empty() ? a.out : *path);
+    targets.push_back(path->empty() ? Target{name, "--out", a.out} : Target{name, option, *path});
   }
-  std::map<std::string, std::vector<std::string>> by_path;
-  for (const auto& [name, path] : targets) by_path[path].push_back(name);
-  for (const auto& [path, names] : by_path) {
-    if (!io::is_safetensors_path(path) && names.size() > 1) {
-      throw Error("--" + names[1] + ": '" + path + "' is also the file of --" + names[0] +
-                  "; a .npy file holds one tensor (use .safetensors for several)");
+  // Outputs meet the inputs and each other by the file they name, however it is spelled.
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--inputs", &a.inputs}, {"--q", &a.q}, {"--k", &a.k}, {"--v", &a.v}, {"--dout", &a.dout}, {"--alibi", &a.alibi},
+      {"--cu-seqlens-q", &a.cu_seqlens_q}, {"--cu-seqlens-k", &a.cu_seqlens_k}};
+  for (const Target& target : targets) {
+    for (const auto& [option, path] : inputs) {
+      if (!path->empty() && same_file(target.path, *path)) {
+        throw Error(target.option + ": refusing to overwrite the input file given to " + option + " ('" + *path +
+                    "')");
+      }
     }
-    if (!io::is_safetensors_path(path) && names[0] != "lse" && t.q.dtype == DType::bf16) {
-      throw Error("--" + names[0] + " '" + path + "': bf16 cannot be stored in .npy (numpy has no bfloat16); "
+  }
+  std::vector<OutputFile> files_out;  // in the order of first mention
+  for (const Target& target : targets) {
+    auto it = std::find_if(files_out.begin(), files_out.end(),
+                           [&](const OutputFile& f) { return same_file(f.targets[0].path, target.path); });
+    if (it == files_out.end()) {
+      files_out.push_back({{target}});
+      continue;
+    }
+    const Target& first = it->targets[0];
+    if (!io::is_safetensors_path(first.path) || !io::is_safetensors_path(target.path)) {
+      throw Error(target.option + ": '" + target.path + "' is the same file as " + first.option + " '" + first.path +
+                  "'; a .npy file holds one tensor (use one .safetensors file for several)");
+    }
+    it->targets.push_back(target);  // several tensors of one .safetensors file
+  }
+  for (const OutputFile& f : files_out) {
+    const Target& first = f.targets[0];
+    if (!io::is_safetensors_path(first.path) && first.name != "lse" && t.q.dtype == DType::bf16) {
+      throw Error(first.option + " '" + first.path + "': bf16 cannot be stored in .npy (numpy has no bfloat16); "
                   "use a .safetensors file");
+    }
+    try {
+      io::check_writable(first.path);
+    } catch (const Error& e) {
+      throw Error(first.option + ": " + e.what());
     }
   }
 
-  allocate_outputs(t, backward);
+  allocate_outputs(t, backward);  // checks first the shape rules that bound the outputs' size
   if (a.device == "auto" && device == Device::cuda) {
     // auto means "the GPU when it can run this call": ask plan() with the views marked as device
     // tensors (plan never dereferences them), and fall back to the CPU with the reason.
@@ -190,29 +250,25 @@ int run(const RunArgs& a) {
     std::printf("%s\n", pass ? "PASS" : "FAIL");
   }
 
+  // Serialize and write every file to a temporary next to it; rename them only once all are written.
   const std::map<std::string, const HostTensor*> outputs = {
       {"out", &t.out}, {"lse", &t.lse}, {"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}};
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> files_out;
-  for (const auto& [path, names] : by_path) {
+  io::OutputFiles writer;
+  for (const OutputFile& f : files_out) {
+    const Target& first = f.targets[0];
     try {
-      if (io::is_safetensors_path(path)) {
+      if (io::is_safetensors_path(first.path)) {
         std::vector<std::pair<std::string, const HostTensor*>> named;
-        for (const std::string& n : names) named.emplace_back(n, outputs.at(n));
-        files_out.emplace_back(path, io::write_safetensors(named));
+        for (const Target& target : f.targets) named.emplace_back(target.name, outputs.at(target.name));
+        writer.add(first.path, io::write_safetensors(named));
       } else {
-        files_out.emplace_back(path, io::write_npy(*outputs.at(names[0])));
+        writer.add(first.path, io::write_npy(*outputs.at(first.name)));
       }
     } catch (const Error& e) {
-      throw Error("--" + names[0] + " '" + path + "': " + e.what());
+      throw Error(first.option + ": " + e.what());
     }
   }
-  for (const auto& [path, bytes] : files_out) {
-    try {
-      io::write_file(path, bytes);
-    } catch (const Error& e) {
-      throw Error("--" + by_path.at(path)[0] + ": " + e.what());
-    }
-  }
+  writer.commit();
   return pass ? 0 : 1;
 }
 

@@ -1,10 +1,14 @@
 #include "io/host_tensor.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <limits>
+#include <filesystem>
+#include <system_error>
 
 namespace flashattn::io {
 
@@ -29,8 +33,14 @@ const char* dtype_label(DType dtype) {
 }
 
 int64_t HostTensor::numel() const {
+  // The readers refuse shapes whose product overflows (checked_byte_size), but a HostTensor can be
+  // filled by hand: never let the product wrap around.
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (s < 0 || __builtin_mul_overflow(n, s, &n)) {
+      throw Error("tensor: shape " + shape_string(shape) + " has more elements than int64 can index");
+    }
+  }
   return n;
 }
 
@@ -42,32 +52,41 @@ TensorView HostTensor::view() {
   t.data = data.data();
   t.dtype = dtype;
   t.ndim = static_cast<int32_t>(shape.size());
+  // Strides are products of trailing dimensions, which can overflow even when a zero dimension
+  // makes the tensor empty (shape [0, 2^60, 2^60, 8]).
   int64_t stride = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     t.shape[d] = shape[d];
     t.stride[d] = stride;
-    stride *= shape[d];
+    if (shape[d] < 0 || (d > 0 && __builtin_mul_overflow(stride, shape[d], &stride))) {
+      throw Error("tensor: shape " + shape_string(shape) + " has more elements than int64 can index");
+    }
   }
   return t;
 }
 
 uint64_t checked_byte_size(const std::vector<int64_t>& shape, std::size_t elem_size, const std::string& what) {
   constexpr uint64_t kLimit = uint64_t{1} << 62;
+  for (int64_t s : shape) {
+    if (s < 0) throw Error(what + ": shape " + shape_string(shape) + " has a negative dimension");
+  }
+  // The product of the non-zero dimensions is bounded even when a zero dimension makes the tensor
+  // empty: strides (products of trailing dimensions) are computed from the shape either way.
   uint64_t bytes = elem_size;
   bool zero = false;
   for (int64_t s : shape) {
-    if (s < 0) throw Error(what + ": shape " + shape_string(shape) + " has a negative dimension");
-    if (s == 0) zero = true;
-  }
-  if (zero) return 0;
-  for (int64_t s : shape) {
+    if (s == 0) {
+      zero = true;
+      continue;
+    }
     const uint64_t u = static_cast<uint64_t>(s);
     if (bytes > kLimit / u) {
-      throw Error(what + ": shape " + shape_string(shape) + " is too large (its byte size overflows)");
+      throw Error(what + ": shape " + shape_string(shape) +
+                  " has more elements than int64 can index (its byte size overflows)");
     }
     bytes *= u;
   }
-  return bytes;
+  return zero ? 0 : bytes;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -94,19 +113,60 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error("cannot write '" + path + "': " + std::strerror(errno));
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write '" + path + "': " + std::strerror(ok ? errno : err));
+  OutputFiles files;
+  files.add(path, bytes);
+  files.commit();
+}
+
+OutputFiles::~OutputFiles() {
+  for (const auto& [tmp, path] : pending_) ::unlink(tmp.c_str());
+}
+
+void OutputFiles::add(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw Error("cannot write '" + path + "': " + std::strerror(errno));
+  pending_.emplace_back(tmp, path);  // removed by the destructor unless committed
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw Error("cannot write '" + path + "': " + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int rerr = errno;
-    std::remove(tmp.c_str());
-    throw Error("cannot write '" + path + "': " + std::strerror(rerr));
+  // mkstemp creates the file 0600; give it the permissions a plain fopen would (0666 & ~umask).
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0 || ::close(fd) != 0) {
+    throw Error("cannot write '" + path + "': " + std::strerror(errno));
+  }
+}
+
+void OutputFiles::commit() {
+  while (!pending_.empty()) {
+    const auto [tmp, path] = pending_.front();
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      throw Error("cannot write '" + path + "': " + std::strerror(errno));
+    }
+    pending_.erase(pending_.begin());
+  }
+}
+
+void check_writable(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) throw Error("cannot write '': empty path");
+  if (fs::is_directory(fs::path(path), ec)) throw Error("cannot write '" + path + "': it is a directory");
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::exists(dir, ec)) throw Error("cannot write '" + path + "': directory '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec)) throw Error("cannot write '" + path + "': '" + dir.string() + "' is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw Error("cannot write '" + path + "': directory '" + dir.string() + "': " + std::strerror(errno));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
@@ -25,16 +26,40 @@ struct HostTensor {
 std::size_t element_size(DType dtype);
 const char* dtype_label(DType dtype);  // "f32", "f16", "bf16", "i32"
 
-// numel * elem_size for `shape`, or throws Error("<what>: shape ... overflows") when the byte
-// count does not fit in 2^62 (shapes come from untrusted headers).
+// numel * elem_size for `shape`, or throws Error("<what>: shape ... has more elements than int64 can
+// index (its byte size overflows)") when the byte count of its non-zero dimensions does not fit in
+// 2^62 (shapes come from untrusted headers; an empty tensor's strides still multiply its dimensions).
 uint64_t checked_byte_size(const std::vector<int64_t>& shape, std::size_t elem_size, const std::string& what);
 
 std::string shape_string(const std::vector<int64_t>& shape);  // "[2, 128, 16, 64]"
 
-// Whole-file reads and writes. write_file writes to "<path>.tmp" and renames, so a failed write
-// never leaves a half-written output under the final name.
+// Whole-file reads and writes. write_file writes to a temporary file next to `path` and renames
+// it, so a failed write never leaves a half-written output under the final name.
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Several output files written all or nothing: add() writes each file's bytes to a new temporary
+// file in the target's directory ("<path>.tmp.XXXXXX", created exclusively so that no existing
+// file is touched); commit() renames them all into place once every write has succeeded. The
+// temporaries not committed (an add() failed, or an exception skipped commit()) are removed.
+// Throws Error("cannot write '<path>': <reason>").
+class OutputFiles {
+ public:
+  OutputFiles() = default;
+  OutputFiles(const OutputFiles&) = delete;
+  OutputFiles& operator=(const OutputFiles&) = delete;
+  ~OutputFiles();
+  void add(const std::string& path, const std::vector<uint8_t>& bytes);
+  void commit();
+
+ private:
+  std::vector<std::pair<std::string, std::string>> pending_;  // (temporary, final path)
+};
+
+// Throws Error("cannot write '<path>': ...") unless `path` can be created or replaced: its
+// directory exists and is writable, and `path` is not a directory. Checked before any work so that
+// a typo in an output path fails at once (the final write can still fail, e.g. on a full disk).
+void check_writable(const std::string& path);
 
 // True when `path` ends in ".safetensors" (else it is taken as .npy).
 bool is_safetensors_path(const std::string& path);
