@@ -42,6 +42,8 @@ struct Params {
 
   float softmax_scale;
   float softcap;                    // 0 = off
+  // Windows wider than rows_q + rows_k (seqlen or varlen totals) arrive as -1, so that
+  // i + offset ± window cannot overflow int64 (see validate()).
   int64_t window_size_left;         // < 0 = unbounded
   int64_t window_size_right;        // < 0 = unbounded; causal has been turned into 0
   bool align_bottom_right;          // offset = seqlen_k − seqlen_q (per sequence) when true, else 0

@@ -2,6 +2,8 @@
 // why it cannot. Every message names the argument, what was expected and what came, so that
 // plan(), the CLI and the bindings can show it unchanged. Nothing here writes to any tensor.
 #include <algorithm>
+#include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -25,6 +27,14 @@ std::string shape_str(const TensorView& t) {
   for (int32_t d = 0; d < t.ndim && d < 4; ++d) os << (d ? ", " : "") << t.shape[d];
   os << ']';
   return os.str();
+}
+
+// Shortest text that reads back as the same float ("1e-45", "0.125", "-inf"): std::to_string
+// would print a denormal as "0.000000" and hide what came.
+std::string float_str(float x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
 }
 
 const char* device_name(Device device) {
@@ -164,15 +174,56 @@ Extent extent(const TensorView& t) {
 }
 
 // An output whose memory overlaps an input's would be read after being written (the backends
-// stream through their inputs while writing). Outputs may share memory among themselves (e.g.
-// dq, dk, dv as views of one packed dqkv tensor) as long as their elements are disjoint, which a
-// byte-range test cannot tell, so only output-vs-input pairs are checked.
+// stream through their inputs while writing).
 void check_no_alias(const char* out_name, const TensorView& out, const char* in_name, const TensorView& in) {
   const Extent a = extent(out), b = extent(in);
   if (a.lo == a.hi || b.lo == b.hi) return;
   if (a.lo < b.hi && b.lo < a.hi) {
     fail(std::string(out_name) + ": expected memory disjoint from " + in_name +
          " (an output must not alias an input), got overlapping byte ranges");
+  }
+}
+
+// An output written through strides that reach one element from two indices would be written
+// twice, by different threads/blocks in any order (a race, and results that depend on it). The
+// usual test (PyTorch's "non-overlapping and dense" without the dense part): order the dims of
+// size > 1 by stride; each stride must reach past everything the smaller-stride dims span.
+// Ties are ordered by dim index so that the message blames the same dim every time.
+void check_no_self_overlap(const char* name, const TensorView& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  int32_t dims[4];
+  int32_t n = 0;
+  for (int32_t d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims[n++] = d;
+  std::sort(dims, dims + n, [&](int32_t x, int32_t y) {
+    return t.stride[x] != t.stride[y] ? t.stride[x] < t.stride[y] : x > y;
+  });
+  int64_t span = 1;  // elements spanned by the dims already visited (saturates: check_tensor bounds the rest)
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t d = dims[i];
+    if (t.stride[d] < span) {
+      std::string got = "stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) + " for shape[" +
+                        std::to_string(d) + "] = " + std::to_string(t.shape[d]);
+      if (t.stride[d] > 0) {
+        got += ", inside the " + std::to_string(span) + " elements spanned by the dims with smaller strides";
+      }
+      fail(std::string(name) + ": expected non-overlapping strides (each element written once), got " + got +
+           " in shape " + shape_str(t));
+    }
+    if (__builtin_mul_overflow(t.stride[d], t.shape[d], &span)) span = INT64_MAX;
+  }
+}
+
+// Two outputs that share elements would be written twice. Outputs may share a buffer (dq, dk, dv
+// as interleaved views of one packed [batch, seqlen, 3, num_heads, head_dim] dqkv tensor: their
+// byte ranges overlap, their elements do not), and telling element overlap from byte overlap for
+// arbitrary strides is an integer program, so the check is the one that holds for every sane
+// packing: distinct outputs start at distinct addresses.
+void check_distinct_outputs(const char* name, const TensorView& t, const char* other_name, const TensorView& other) {
+  if (!t.defined() || !other.defined() || t.numel() == 0 || other.numel() == 0) return;
+  if (t.data == other.data) {
+    fail(std::string(name) + ": expected memory disjoint from " + other_name +
+         " (each output written once), got the same data pointer");
   }
 }
 
@@ -261,6 +312,17 @@ Params validate(const AttentionParams& a, Pass pass) {
   if (varlen) {
     check_tensor("cu_seqlens_q", a.cu_seqlens_q, 1, "[batch + 1]");
     check_tensor("cu_seqlens_k", a.cu_seqlens_k, 1, "[batch + 1]");
+    // Length 1 is batch 0 (legal, nothing to compute); neither of two different lengths is "the"
+    // batch, so a mismatch names both.
+    for (const Named& n : {Named{"cu_seqlens_q", &a.cu_seqlens_q}, Named{"cu_seqlens_k", &a.cu_seqlens_k}}) {
+      if (n.t->shape[0] < 1) {
+        fail(std::string(n.name) + ": expected shape [batch + 1] with at least 1 element, got " + shape_str(*n.t));
+      }
+    }
+    if (a.cu_seqlens_q.shape[0] != a.cu_seqlens_k.shape[0]) {
+      fail("cu_seqlens_q, cu_seqlens_k: expected the same length (batch + 1), got " +
+           std::to_string(a.cu_seqlens_q.shape[0]) + " and " + std::to_string(a.cu_seqlens_k.shape[0]));
+    }
   }
   if (a.alibi_slopes.defined()) {
     if (a.alibi_slopes.ndim != 1 && a.alibi_slopes.ndim != 2) {
@@ -302,9 +364,6 @@ Params validate(const AttentionParams& a, Pass pass) {
   // defines head_dim_v; everything else must agree.
   const int32_t o = varlen ? -1 : 0;  // dim index shift: varlen drops the batch dim
   const int64_t batch = varlen ? a.cu_seqlens_q.shape[0] - 1 : a.q.shape[0];
-  if (varlen && a.cu_seqlens_q.shape[0] < 1) {
-    fail("cu_seqlens_q: expected shape [batch + 1] with at least 1 element, got " + shape_str(a.cu_seqlens_q));
-  }
   const int64_t rows_q = a.q.shape[1 + o];   // seqlen_q, or total_q when varlen
   const int64_t rows_k = a.k.shape[1 + o];
   const int64_t num_heads = a.q.shape[2 + o], head_dim = a.q.shape[3 + o];
@@ -362,7 +421,6 @@ Params validate(const AttentionParams& a, Pass pass) {
   // Sequence lengths.
   int64_t seqlen_q = rows_q, seqlen_k = rows_k;
   if (varlen) {
-    check_dim("cu_seqlens_k", a.cu_seqlens_k, 0, "batch + 1", batch + 1, "same as cu_seqlens_q");
     if (a.q.device == Device::cpu) {
       seqlen_q = check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, batch, rows_q, "total_q = q.shape[0]");
       seqlen_k = check_cu_seqlens("cu_seqlens_k", a.cu_seqlens_k, batch, rows_k, "total_k = k.shape[0]");
@@ -385,10 +443,22 @@ Params validate(const AttentionParams& a, Pass pass) {
   // Scalars.
   if (a.num_threads < 0) fail("num_threads: expected >= 0 (0 = all hardware threads), got " + std::to_string(a.num_threads));
   if (!std::isfinite(a.softmax_scale)) {
-    fail("softmax_scale: expected a finite value (0 = 1/sqrt(head_dim)), got " + std::to_string(a.softmax_scale));
+    fail("softmax_scale: expected a finite value (0 = 1/sqrt(head_dim)), got " + float_str(a.softmax_scale));
+  }
+  // A denormal scale flushes every score to 0 (or to denormal noise) before the softmax: the
+  // output would be a plain mean of v, which no caller means.
+  if (a.softmax_scale != 0.0f && std::fabs(a.softmax_scale) < FLT_MIN) {
+    fail("softmax_scale: expected 0 (= 1/sqrt(head_dim)) or |softmax_scale| >= " + float_str(FLT_MIN) +
+         " (FLT_MIN; smaller values are denormal), got " + float_str(a.softmax_scale));
   }
   if (!(a.softcap >= 0.0f) || !std::isfinite(a.softcap)) {
-    fail("softcap: expected a finite value >= 0 (0 = off), got " + std::to_string(a.softcap));
+    fail("softcap: expected a finite value >= 0 (0 = off), got " + float_str(a.softcap));
+  }
+  // Scores go through tanh(s / softcap), which the backends fold into one multiplier (e.g.
+  // softmax_scale / softcap on Q): below about 2.9e-39 that is inf, the scores become NaN or ±inf
+  // and every row comes out masked.
+  if (a.softcap > 0.0f && !std::isfinite(1.0f / a.softcap)) {
+    fail("softcap: expected 0 (off) or a positive finite value with a finite reciprocal, got " + float_str(a.softcap));
   }
   if (a.window_size_left < -1) {
     fail("window_size_left: expected >= -1 (-1 = unbounded), got " + std::to_string(a.window_size_left));
@@ -412,6 +482,24 @@ Params validate(const AttentionParams& a, Pass pass) {
       check_dim("alibi_slopes", s, 0, "batch", batch, "from q");
       check_dim("alibi_slopes", s, 1, "num_heads", num_heads, "from q");
     }
+  }
+
+  // Each output element is written once: no output overlaps itself or another output.
+  if (!bwd) {
+    check_no_self_overlap("out", a.out);
+    check_no_self_overlap("lse", a.lse);
+    // lse is float32 and never part of a packed buffer with out, so any shared byte is an error.
+    const Extent eo = extent(a.out), el = extent(a.lse);
+    if (eo.lo != eo.hi && el.lo != el.hi && eo.lo < el.hi && el.lo < eo.hi) {
+      fail("lse: expected memory disjoint from out (each output written once), got overlapping byte ranges");
+    }
+  } else {
+    check_no_self_overlap("dq", a.dq);
+    check_no_self_overlap("dk", a.dk);
+    check_no_self_overlap("dv", a.dv);
+    check_distinct_outputs("dk", a.dk, "dq", a.dq);
+    check_distinct_outputs("dv", a.dv, "dq", a.dq);
+    check_distinct_outputs("dv", a.dv, "dk", a.dk);
   }
 
   // Outputs must not overlap inputs.
@@ -481,8 +569,17 @@ Params validate(const AttentionParams& a, Pass pass) {
   p.softmax_scale = a.softmax_scale != 0.0f ? a.softmax_scale
                                             : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   p.softcap = a.softcap;
-  p.window_size_left = a.window_size_left;
-  p.window_size_right = a.causal ? 0 : a.window_size_right;
+  // A window wider than every sequence is no window. Storing it as -1 (unbounded) keeps the mask
+  // arithmetic of visible_keys() and the backends' block skipping (i + offset ± window) far from
+  // int64 overflow: a window of INT64_MAX would otherwise wrap around and hide every key. Any
+  // window > rows_q + rows_k (seqlen_q + seqlen_k, or total_q + total_k when varlen: bounds on
+  // every len_q, len_k, row i and |offset|) already reaches past both ends of every row, so the
+  // replacement changes no result.
+  int64_t widest = 0;
+  if (__builtin_add_overflow(rows_q, rows_k, &widest)) widest = INT64_MAX;
+  auto resolve_window = [&](int64_t w) { return w > widest ? int64_t{-1} : w; };
+  p.window_size_left = resolve_window(a.window_size_left);
+  p.window_size_right = a.causal ? 0 : resolve_window(a.window_size_right);
   p.align_bottom_right = a.causal_align == CausalAlign::bottom_right;
   if (a.alibi_slopes.defined()) {
     p.alibi_slopes = static_cast<const float*>(a.alibi_slopes.data);

@@ -201,8 +201,13 @@ const ErrorCase kCases[] = {
     {"VarlenKRows", Pass::forward, true, [](AttentionParams& a) { a.v.shape[0] = 5; }, "v",
      "shape[0] (total_k) = 7 (from k), got 5"},
     // cu_seqlens contents (host tensors).
+    // Two lengths that differ: neither is "the" batch, so the message names both.
     {"CuSeqlensShapeMismatch", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_k.shape[0] = 3; },
-     "cu_seqlens_k", "(batch + 1) = 4 (same as cu_seqlens_q), got 3"},
+     "cu_seqlens_q, cu_seqlens_k", "the same length (batch + 1), got 4 and 3"},
+    {"CuSeqlensQBatchZeroKNot", Pass::forward, true, [](AttentionParams& a) { a.cu_seqlens_q.shape[0] = 1; },
+     "cu_seqlens_q, cu_seqlens_k", "the same length (batch + 1), got 1 and 4"},
+    {"CuSeqlensKEmpty", Pass::backward, true, [](AttentionParams& a) { a.cu_seqlens_k.shape[0] = 0; },
+     "cu_seqlens_k", "at least 1 element, got [0]"},
     {"CuSeqlensEmpty", Pass::forward, true,
      [](AttentionParams& a) {
        a.cu_seqlens_q.shape[0] = 0;
@@ -252,6 +257,15 @@ const ErrorCase kCases[] = {
     {"ScaleInf", Pass::forward, false,
      [](AttentionParams& a) { a.softmax_scale = -std::numeric_limits<float>::infinity(); }, "softmax_scale",
      "got -inf"},
+    // Denormal scale or softcap: every score underflows, or 1/softcap is inf and every row masked.
+    {"ScaleDenormal", Pass::forward, false, [](AttentionParams& a) { a.softmax_scale = 1e-40f; }, "softmax_scale",
+     "|softmax_scale| >= 1.1754944e-38 (FLT_MIN; smaller values are denormal), got 1e-40"},
+    {"ScaleDenormalNegative", Pass::backward, false, [](AttentionParams& a) { a.softmax_scale = -1e-45f; },
+     "softmax_scale", "got -1e-45"},
+    {"SoftcapDenormal", Pass::forward, false, [](AttentionParams& a) { a.softcap = 1e-45f; }, "softcap",
+     "expected 0 (off) or a positive finite value with a finite reciprocal, got 1e-45"},
+    {"SoftcapReciprocalOverflows", Pass::backward, false, [](AttentionParams& a) { a.softcap = 2e-39f; }, "softcap",
+     "finite reciprocal, got 2e-39"},
     {"NumThreads", Pass::forward, false, [](AttentionParams& a) { a.num_threads = -1; }, "num_threads",
      ">= 0 (0 = all hardware threads), got -1"},
     {"AlibiShape", Pass::forward, false,
@@ -285,6 +299,30 @@ const ErrorCase kCases[] = {
      "disjoint from dout"},
     {"DvAliasesLse", Pass::backward, false, [](AttentionParams& a) { a.lse.data = a.dv.data; }, "dv",
      "disjoint from lse"},
+    // Outputs overlapping themselves. Base strides: out [120, 24, 6, 1], lse [20, 5, 1],
+    // dq [160, 32, 8, 1], dv [84, 12, 6, 1]; varlen dk [16, 8, 1].
+    {"OutStrideZero", Pass::forward, false, [](AttentionParams& a) { a.out.stride[1] = 0; }, "out",
+     "expected non-overlapping strides (each element written once), got stride[1] = 0 for shape[1] = 5"},
+    {"OutStridesInterleave", Pass::forward, false, [](AttentionParams& a) { a.out.stride[2] = 3; }, "out",
+     "got stride[2] = 3 for shape[2] = 4, inside the 6 elements spanned by the dims with smaller strides"},
+    {"LseStrideZero", Pass::forward, false, [](AttentionParams& a) { a.lse.stride[0] = 0; }, "lse",
+     "non-overlapping strides (each element written once), got stride[0] = 0 for shape[0] = 2"},
+    {"DqBatchStrideInsideRows", Pass::backward, false, [](AttentionParams& a) { a.dq.stride[0] = 10; }, "dq",
+     "got stride[0] = 10 for shape[0] = 2, inside the 32 elements"},
+    {"DkStrideZeroVarlen", Pass::backward, true, [](AttentionParams& a) { a.dk.stride[1] = 0; }, "dk",
+     "got stride[1] = 0 for shape[1] = 2"},
+    {"DvEqualStrides", Pass::backward, false, [](AttentionParams& a) { a.dv.stride[1] = 6; }, "dv",
+     "got stride[1] = 6 for shape[1] = 7, inside the 12 elements"},
+    // Outputs overlapping each other.
+    {"LseOverlapsOut", Pass::forward, false,
+     [](AttentionParams& a) { a.lse.data = static_cast<float*>(a.out.data) + 100; }, "lse",
+     "memory disjoint from out (each output written once), got overlapping byte ranges"},
+    {"DkSameAsDq", Pass::backward, false, [](AttentionParams& a) { a.dk.data = a.dq.data; }, "dk",
+     "memory disjoint from dq (each output written once), got the same data pointer"},
+    {"DvSameAsDq", Pass::backward, true, [](AttentionParams& a) { a.dv.data = a.dq.data; }, "dv",
+     "disjoint from dq"},
+    {"DvSameAsDk", Pass::backward, false, [](AttentionParams& a) { a.dv.data = a.dk.data; }, "dv",
+     "disjoint from dk (each output written once), got the same data pointer"},
     {"DkAliasesCuSeqlens", Pass::backward, true,
      [](AttentionParams& a) {
        // cu_seqlens_k moved (valid contents) into dk's own storage.
@@ -473,25 +511,165 @@ TEST(Validation, VarlenSizesAndStrides) {
 }
 
 TEST(Validation, PackedOutputsMayShareABuffer) {
-  // dq and dk as interleaved views of one [batch, seqlen, 2, heads, dim] buffer (qkv-packed
-  // layouts): their byte ranges overlap, their elements do not, and only output-vs-input overlap
-  // is an error.
+  // dq, dk, dv as interleaved views of one [batch, seqlen, 3, heads, dim] buffer (qkv-packed
+  // layouts): their byte ranges overlap, their elements do not, so the call is valid.
   ProblemConfig c = base_config(false);
   c.seqlen_k = c.seqlen_q;
   c.num_heads_k = c.num_heads;
+  c.head_dim_v = c.head_dim;
   Problem pr(c, 1);
   AttentionParams a = pr.params();
-  std::vector<float> packed(static_cast<size_t>(2 * 5 * 2 * 4 * 8));
-  for (int i = 0; i < 2; ++i) {
-    TensorView& t = i == 0 ? a.dq : a.dk;
+  std::vector<float> packed(static_cast<size_t>(2 * 5 * 3 * 4 * 8));
+  TensorView* views[] = {&a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 3; ++i) {
+    TensorView& t = *views[i];
     t.data = packed.data() + i * 4 * 8;
-    t.stride[0] = 5 * 2 * 4 * 8;
-    t.stride[1] = 2 * 4 * 8;
+    t.stride[0] = 5 * 3 * 4 * 8;
+    t.stride[1] = 3 * 4 * 8;
     t.stride[2] = 8;
     t.stride[3] = 1;
   }
   EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
 }
+
+TEST(Validation, BroadcastInputsMayOverlapThemselves) {
+  // Inputs are only read: a stride-0 (expanded) k or v is fine; only outputs must not overlap.
+  Problem pr(base_config(false), 1);
+  AttentionParams a = pr.params();
+  a.k.stride[1] = 0;
+  a.v.stride[2] = 0;
+  a.dout.stride[0] = 0;
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+}
+
+TEST(Validation, SizeOneOutputDimsMayHaveAnyStride) {
+  // A size-1 dim is never stepped through, so its stride (0 included) cannot make an overlap.
+  ProblemConfig c = base_config(false);
+  c.batch = 1;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  a.out.stride[0] = 0;
+  a.lse.stride[0] = 0;
+  a.dq.stride[0] = 7;
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+}
+
+TEST(Validation, CuSeqlensOfLengthOneIsBatchZero) {
+  ProblemConfig c = base_config(true);
+  c.lens_q = {0};
+  c.lens_k = {0};
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  a.cu_seqlens_q.shape[0] = 1;
+  a.cu_seqlens_k.shape[0] = 1;
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+  EXPECT_EQ(detail::validate(a, Pass::forward).batch, 0);
+}
+
+TEST(Validation, SmallestAcceptedScaleAndSoftcap) {
+  Problem pr(base_config(false), 1);
+  AttentionParams a = pr.params();
+  a.softmax_scale = -std::numeric_limits<float>::min();
+  a.softcap = 1e-38f;  // 1/softcap = 1e38 is finite
+  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
+}
+
+// A window wider than every sequence is stored as -1 (unbounded): INT64_MAX used to overflow
+// i + offset + window + 1 in visible_keys() and mask every key.
+TEST(Validation, HugeWindowsAreUnbounded) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  Problem pr(base_config(false), 1);  // seqlen_q 5 + seqlen_k 7 = 12
+  AttentionParams a = pr.params();
+  a.window_size_left = kMax;
+  a.window_size_right = kMax - 1;
+  detail::Params p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.window_size_left, -1);
+  EXPECT_EQ(p.window_size_right, -1);
+  a.window_size_left = 12;  // the widest window kept as given; one more is unbounded
+  a.window_size_right = 13;
+  p = detail::validate(a, Pass::backward);
+  EXPECT_EQ(p.window_size_left, 12);
+  EXPECT_EQ(p.window_size_right, -1);
+  a.causal = true;
+  a.window_size_right = -1;
+  a.window_size_left = kMax;
+  p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.window_size_left, -1);
+  EXPECT_EQ(p.window_size_right, 0);
+
+  Problem vpr(base_config(true), 1);  // varlen: total_q 7 + total_k 7 = 14
+  AttentionParams v = vpr.params();
+  v.window_size_left = 14;
+  v.window_size_right = 15;
+  p = detail::validate(v, Pass::forward);
+  EXPECT_EQ(p.window_size_left, 14);
+  EXPECT_EQ(p.window_size_right, -1);
+}
+
+// The tester's case: window_size_right (or left) = INT64_MAX on the CPU forward gives the same
+// bits as -1, and the rows are not masked.
+struct HugeWindowCase {
+  bool varlen;
+  CausalAlign align;
+  bool left;  // which window is INT64_MAX (the other one is -1 or small)
+  int64_t other;
+  int64_t seqlen_q = 5;  // batched; 9 > seqlen_k = 7 makes the bottom-right offset negative
+};
+
+class HugeWindow : public ::testing::TestWithParam<HugeWindowCase> {};
+
+TEST_P(HugeWindow, ForwardMatchesUnboundedBitwise) {
+  const HugeWindowCase& hc = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  ProblemConfig c = base_config(hc.varlen);
+  c.align = hc.align;
+  c.num_threads = 1;
+  c.seqlen_q = hc.seqlen_q;
+  (hc.left ? c.window_size_right : c.window_size_left) = hc.other;
+  Problem huge(c, seed), unbounded(c, seed);  // same seed: same inputs
+  AttentionParams a = huge.params(), b = unbounded.params();
+  (hc.left ? a.window_size_left : a.window_size_right) = std::numeric_limits<int64_t>::max();
+  (hc.left ? b.window_size_left : b.window_size_right) = -1;
+  forward(a);
+  forward(b);
+  EXPECT_TRUE(bitwise_equal("out", huge.out, unbounded.out));
+  EXPECT_TRUE(bitwise_equal("lse", huge.lse, unbounded.lse));
+  // Every query row with keys sees at least one: lse finite, not the -inf of a masked row.
+  const std::vector<double> lse = huge.lse_dense();
+  const std::vector<int32_t> lens_q = hc.varlen ? c.lens_q : std::vector<int32_t>(2, static_cast<int32_t>(c.seqlen_q));
+  const std::vector<int32_t> lens_k = hc.varlen ? c.lens_k : std::vector<int32_t>(2, static_cast<int32_t>(c.seqlen_k));
+  for (int64_t h = 0, total_q = huge.total_q(); h < c.num_heads; ++h) {
+    int64_t row = 0;
+    for (size_t s = 0; s < lens_q.size(); ++s) {
+      for (int32_t i = 0; i < lens_q[s]; ++i, ++row) {
+        const double x = lse[static_cast<size_t>(h * total_q + row)];
+        if (lens_k[s] > 0 && hc.other < 0) {
+          EXPECT_TRUE(std::isfinite(x)) << "head " << h << " row " << row << ": lse " << x;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, HugeWindow,
+                         ::testing::Values(HugeWindowCase{false, CausalAlign::bottom_right, false, -1},
+                                           HugeWindowCase{false, CausalAlign::bottom_right, true, -1},
+                                           HugeWindowCase{false, CausalAlign::top_left, false, 2},
+                                           HugeWindowCase{false, CausalAlign::top_left, true, 0},
+                                           HugeWindowCase{true, CausalAlign::bottom_right, false, 1},
+                                           HugeWindowCase{true, CausalAlign::top_left, true, -1},
+                                           HugeWindowCase{false, CausalAlign::bottom_right, true, -1, 9},
+                                           HugeWindowCase{false, CausalAlign::bottom_right, false, 3, 9}),
+                         [](const ::testing::TestParamInfo<HugeWindowCase>& info) {
+                           const HugeWindowCase& h = info.param;
+                           return std::string(h.varlen ? "Varlen" : "Batched") +
+                                  (h.align == CausalAlign::bottom_right ? "BR" : "TL") + (h.left ? "Left" : "Right") +
+                                  (h.other < 0 ? std::string("OtherUnbounded") : "Other" + std::to_string(h.other)) +
+                                  (h.seqlen_q > 7 ? "LongerQ" : "");
+                         });
 
 TEST(Validation, EmptyProblemsAreValid) {
   // Zero-length sequences and an empty batch are legal calls with nothing to compute.
