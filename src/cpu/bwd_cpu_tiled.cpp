@@ -18,6 +18,10 @@
 // recomputed S and dP in a separate dQ pass (seven products) and ran 1.3-1.5x behind PyTorch's
 // fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time: about 16 MiB in
 // all, but at least one group, i.e. lists x (num_heads / num_heads_k) x seqlen_q x head_dim fp32.
+#include <cmath>
+#include <new>
+#include <string>
+
 #include "common/backends.hpp"
 #include "cpu/gemm_kernel.hpp"
 #include "cpu/tile_common.hpp"
@@ -33,7 +37,7 @@ using simd::V16;
 struct BwdScratch {
   // Query-side tiles, key-side tiles, the two score tiles, the tanh tile (softcap), the dK/dV
   // accumulators, per-row lse/D, and one conversion row.
-  std::vector<float> qa, qb, ka, kb, kpad, s, dp, t, acc_a, acc_b, lse2, delta, tmp;
+  std::vector<float> qa, qb, ka, kb, kpad, s, dp, t, acc_a, acc_b, lse, delta, tmp;
   BwdScratch(int64_t bm, int64_t bn, int64_t d, int64_t dv, bool softcap) {
     const int64_t w = bm, np = simd::round_up(bn, simd::kLanes);
     const int64_t dp16 = simd::round_up(d, simd::kLanes), dv16 = simd::round_up(dv, simd::kLanes);
@@ -48,7 +52,7 @@ struct BwdScratch {
     t.resize(softcap ? tile : 0);
     acc_a.resize(bn * dp16);                   // dK
     acc_b.resize(bn * dv16);                   // dV
-    lse2.resize(w);
+    lse.resize(w);
     delta.resize(w);
     tmp.resize(std::max(d, dv));
   }
@@ -62,15 +66,16 @@ int64_t delta_row(const detail::Params& p, const Seq& sq, int64_t i) {
   return p.is_varlen ? sq.q_start + i : sq.b * p.seqlen_q + i;
 }
 
-// lse in log2 units for rows [m0, m0 + mr) into dst[0..n): +inf for rows that saw no key (lse =
-// −inf) and for padding, so that P = exp2(S − lse2) is exactly 0 there. D likewise (0 padding).
+// lse of rows [m0, m0 + mr) into lse_r[0..n): +inf for rows that saw no key (lse = −inf) and for
+// padding, so that P = exp(S − lse) is exactly 0 there; NaN stays NaN (a row whose forward was
+// NaN), so that its P and everything it touches is NaN. D likewise (0 padding).
 void load_row_stats(const detail::Params& p, const Seq& sq, int64_t h, int64_t m0, int64_t mr, int64_t n,
-                    const std::vector<float>& delta, float* lse2, float* dl) {
+                    const std::vector<float>& delta, float* lse_r, float* dl) {
   const float* lse = p.lse + sq.b * p.lse_batch_stride + h * p.lse_head_stride + sq.q_start * p.lse_row_stride;
   const float* dsrc = delta.data() + h * total_q_rows(p) + delta_row(p, sq, 0);
   for (int64_t r = 0; r < n; ++r) {
     const float x = r < mr ? lse[(m0 + r) * p.lse_row_stride] : simd::kNegInf;
-    lse2[r] = x == simd::kNegInf ? simd::kPosInf : x * kLog2e;
+    lse_r[r] = x == simd::kNegInf ? simd::kPosInf : x;
     dl[r] = r < mr ? dsrc[m0 + r] : 0.0f;
   }
 }
@@ -140,26 +145,44 @@ void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, 
   std::fill(dvacc, dvacc + nc * dv16, 0.0f);
   float* t = p.softcap > 0.0f ? w.t.data() : nullptr;
 
+  // S is recomputed exactly as the forward computed it: Q scaled by the same q_mult in the same
+  // conversion (load_row), the same micro-kernel summing over head_dim in the same order, the
+  // same softcap/ALiBi steps, so S − lse here has no error from the recomputation. (Q Kᵀ with
+  // unscaled Q, scaled after the sum as before, rounded differently, by several ulps of S: at
+  // scores ~1e8 that alone put P far above 1.) dK = softmax_scale · dSᵀ Q therefore takes
+  // softmax_scale / q_mult.
   const detail::KeyRange rows = tile_query_range(p, sq, n0, nc);
+  const float q_mult = score_policy(p, sq, kvh * group).q_mult;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    const ScorePolicy sp = score_policy(p, sq, h, /*scale_q=*/false);
+    const ScorePolicy sp = score_policy(p, sq, h);
     const Operand q = operand(p, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, it.b, sq.q_start, h);
     const Operand g = operand(p, p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, it.b, sq.q_start, h);
     float* dq_head = dq_acc + (h - kvh * group) * sq.len_q * dp16;
     for (int64_t m0 = rows.lo; m0 < rows.hi; m0 += bm) {
       const int64_t mr = std::min(bm, rows.hi - m0);
-      copy_rows_padded(p.dtype, q, m0, mr, d, w.qa.data(), dp16);
+      copy_rows_padded(p.dtype, q, m0, mr, d, w.qa.data(), dp16, sp.q_mult);
       copy_rows_padded(p.dtype, g, m0, mr, dv, w.qb.data(), dv16);
-      load_row_stats(p, sq, h, m0, mr, mr, delta, w.lse2.data(), w.delta.data());
+      load_row_stats(p, sq, h, m0, mr, mr, delta, w.lse.data(), w.delta.data());
       const PrefetchNext next{{&q, &g}, {d, dv}, m0 + bm, std::clamp<int64_t>(rows.hi - m0 - bm, 0, bm)};
-      // S = Q Kᵀ (mr x np), P = exp2(S − lse2) row-wise.
+      // S = Q Kᵀ (mr x np), P = exp2(min(S − lse, 0) · log2 e) row-wise. With S bit for bit the
+      // forward's and lse = m + ln l rounded once from the forward's row max m, S − lse is exact
+      // (Sterbenz) where P is not negligible, and what is left is the rounding of lse to float:
+      // at most half an ulp of |lse| (~3e-8 |lse|), and 0 for a row dominated by one key (lse
+      // rounds to m itself there, as in the naive fp32 formula). All P of a row are scaled by the
+      // same e^δ, and so are the row's terms of dV, dK and dQ. Mathematically P <= 1; the clamp
+      // keeps that rounding from pushing P above 1, so |dV| <= Σ|dO| holds for any score
+      // magnitude: at extreme scores (|lse| ~ 1e8, ulp 8) gradients of rows without a dominant
+      // key lose their relative accuracy (P off by up to e^±4) but never blow up.
       gemm::gemm<gemm::Op::store>(mr, np, d, w.qa.data(), dp16, 1, w.ka.data(), np, w.s.data(), np, nullptr, next);
       finish_natural(p, sq, sp, m0, mr, n0, nc, np, w.s.data(), t, !tile_fully_visible(p, sq, m0, mr, n0, nc));
+      const V16 log2e = simd::bcast(kLog2e), zero = simd::zero();
       for (int64_t r = 0; r < mr; ++r) {
-        const V16 l2 = simd::bcast(w.lse2[r]);
+        const V16 lse_r = simd::bcast(w.lse[r]);
         float* row = w.s.data() + r * np;
-        for (int64_t j = 0; j < np; j += simd::kLanes)
-          simd::store(row + j, simd::exp2(simd::sub(simd::load(row + j), l2)));
+        for (int64_t j = 0; j < np; j += simd::kLanes) {
+          const V16 x = simd::min(zero, simd::sub(simd::load(row + j), lse_r));  // NaN (second) stays NaN
+          simd::store(row + j, simd::exp2(simd::mul(x, log2e)));
+        }
       }
       // dV += Pᵀ dO, dP = dO Vᵀ, dS, dK += dSᵀ Q.
       gemm::gemm<gemm::Op::add>(nc, dv16, mr, w.s.data(), 1, np, w.qb.data(), dv16, dvacc, dv16);
@@ -171,12 +194,10 @@ void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, 
     }
   }
   store_rows(p, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, it.b, sq.k_start + n0, kvh, dk, dp16,
-             nc, d, p.softmax_scale);
+             nc, d, static_cast<float>(static_cast<double>(p.softmax_scale) / q_mult));
   store_rows(p, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, it.b, sq.k_start + n0, kvh, dvacc,
              dv16, nc, dv, 1.0f);
 }
-
-}  // namespace
 
 // A batch of (batch, KV head) groups whose key tiles run together, and where each group's dQ
 // rows sit in the per-list buffers.
@@ -187,24 +208,12 @@ struct GroupBatch {
   int64_t floats = 0;            // dQ buffer size per list
 };
 
-void backward(const detail::Params& p) {
-  const TileShape ts = bwd_tile(p);
-  const int threads = std::max(1, num_threads(p));
-  const int lists = threads == 1 ? 1 : 2 * threads;
+// Batches of groups with at least 8 key tiles per list and kBatchBytes of dQ buffers, each run
+// as one parallel region followed by its dQ reduction. Few batches mean few barriers: a barrier
+// waits for the slowest thread, costly when another process holds a core (one batch per group
+// ran 2-thread causal 1.3x slower on this shared machine).
+std::vector<GroupBatch> plan_batches(const detail::Params& p, const TileShape& ts, int lists) {
   const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
-  std::vector<float> delta(static_cast<size_t>(total_q_rows(p) * p.num_heads));
-  std::vector<BwdScratch> scratch;
-  scratch.reserve(threads);
-  for (int t = 0; t < threads; ++t)
-    scratch.emplace_back(ts.block_m, ts.block_n, p.head_dim, p.head_dim_v, p.softcap > 0.0f);
-  std::vector<std::vector<float>> dq_acc(lists);
-
-  compute_delta(p, threads, delta);
-
-  // Batches of groups with at least 8 key tiles per list and kBatchBytes of dQ buffers, each run
-  // as one parallel region followed by its dQ reduction. Few batches mean few barriers: a barrier
-  // waits for the slowest thread, costly when another process holds a core (one batch per group
-  // ran 2-thread causal 1.3x slower on this shared machine).
   std::vector<GroupBatch> batches(1);
   int64_t tiles = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -221,6 +230,43 @@ void backward(const detail::Params& p) {
       }
     }
   }
+  return batches;
+}
+
+}  // namespace
+
+void backward(const detail::Params& p) {
+  const TileShape ts = bwd_tile(p);
+  int64_t key_tiles = 0;
+  for (int64_t b = 0; b < p.batch; ++b) key_tiles += p.num_heads_k * ((p.k_len(b) + ts.block_n - 1) / ts.block_n);
+  const int threads = effective_threads(p, key_tiles);
+  const int lists = threads == 1 ? 1 : 2 * threads;
+  const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
+  const std::vector<GroupBatch> batches = plan_batches(p, ts, lists);
+  int64_t dq_floats = 0;
+  for (const GroupBatch& gb : batches) dq_floats = std::max(dq_floats, gb.floats);
+
+  // Every working buffer is allocated here, before anything is written, and a failure becomes an
+  // Error naming the sizes (instead of std::bad_alloc, or a partly written dq/dk/dv).
+  std::vector<float> delta;
+  std::vector<BwdScratch> scratch;
+  std::vector<std::vector<float>> dq_acc(lists);
+  std::vector<float> sums;
+  try {
+    delta.resize(static_cast<size_t>(total_q_rows(p) * p.num_heads));
+    scratch.reserve(threads);
+    for (int t = 0; t < threads; ++t)
+      scratch.emplace_back(ts.block_m, ts.block_n, p.head_dim, p.head_dim_v, p.softcap > 0.0f);
+    for (auto& acc : dq_acc) acc.reserve(static_cast<size_t>(dq_floats));
+    sums.resize(static_cast<size_t>(threads * dp16));
+  } catch (const std::bad_alloc&) {
+    const double mib = 4.0 * static_cast<double>(lists) * static_cast<double>(dq_floats) / (1024.0 * 1024.0);
+    throw Error("cpu backward: out of memory allocating " + std::to_string(static_cast<int64_t>(std::ceil(mib))) +
+                " MiB of dQ buffers (" + std::to_string(lists) + " lists of " + std::to_string(dq_floats) +
+                " floats for " + std::to_string(threads) + " threads) and the per-thread scratch; lower num_threads");
+  }
+
+  compute_delta(p, threads, delta);
 
   for (const GroupBatch& gb : batches) {
     if (gb.groups.empty()) continue;
@@ -250,7 +296,7 @@ void backward(const detail::Params& p) {
     }
     for (int l = 0; l < lists; ++l) {
       std::sort(list_items[l].begin(), list_items[l].end());
-      dq_acc[l].assign(static_cast<size_t>(gb.floats), 0.0f);
+      dq_acc[l].assign(static_cast<size_t>(gb.floats), 0.0f);  // within the reserved capacity
     }
 
     // A thread runs whole lists, so results do not depend on which thread ran which list.
@@ -264,7 +310,6 @@ void backward(const detail::Params& p) {
     for (size_t gi = 0; gi < gb.groups.size(); ++gi)
       row_start[gi + 1] = row_start[gi] + group * p.q_len(gb.groups[gi].b);
     const int64_t n_rows = row_start.back();
-    std::vector<float> sums(static_cast<size_t>(threads * dp16));
 #pragma omp parallel num_threads(threads)
     {
       float* sum = sums.data() + omp_get_thread_num() * dp16;

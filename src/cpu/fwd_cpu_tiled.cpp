@@ -1,17 +1,18 @@
 // CPU forward: tiled FlashAttention-2 (Dao 2023, Alg. 1) with an online softmax.
 //
 // One work item is (batch, query head, block_m query rows). It works on transposed tiles so that
-// queries run along the 16 vector lanes: Qᵀ (head_dim x block_m, scaled by softmax_scale · log2 e)
+// queries run along the 16 vector lanes: Qᵀ (head_dim x block_m, scaled by softmax_scale)
 // is built once per item, then for each key tile the mask lets the rows see (tile_key_range())
 //   Sᵀ = K Qᵀ                  block_n x block_m, K rows broadcast from a copied K tile
-//   softcap / ALiBi / mask      in log2 units (finish_transposed)
-//   m_new = max(m, colmax Sᵀ),  alpha = exp2(m − m_new),  Pᵀ = exp2(Sᵀ − m_new),
+//   softcap / ALiBi / mask      (finish_transposed)
+//   m_new = max(m, colmax Sᵀ),  alpha = exp2((m − m_new) log2 e),  Pᵀ = exp2((Sᵀ − m_new) log2 e),
 //   l = alpha · l + colsum Pᵀ    (Alg. 1 lines 8–10, every step a lane-wise vector op: no
 //                                horizontal reductions, one exp2 per score)
 //   Oᵀ = alpha · Oᵀ + Vᵀ Pᵀ      (the rescale fused into the product's epilogue)
-// and finally O = Oᵀᵀ / l, lse = (m + log2 l) · ln 2. fp16/bf16 K/V tiles are converted to fp32
+// and finally O = Oᵀᵀ / l, lse = m + ln l. fp16/bf16 K/V tiles are converted to fp32
 // per tile; accumulation is always fp32. Items are independent, so results do not depend on the
 // thread count or schedule (dynamic scheduling balances causal and varlen work).
+#include <new>
 #include <string>
 
 #include "common/backends.hpp"
@@ -45,19 +46,27 @@ struct FwdScratch {
 };
 
 // Online softmax over one Sᵀ tile (nc key rows x w query lanes, row stride ld), in place: Sᵀ
-// becomes Pᵀ, and m, l, alpha are updated lane-wise. A lane that has seen no key keeps m = −inf:
-// exp2 of the NaN from −inf − (−inf) is 0 (simd::exp2), so P, alpha and l stay 0 and no NaN
-// escapes.
+// becomes Pᵀ, and m, l, alpha are updated lane-wise. A lane that has seen no key keeps m = −inf
+// and subtracts 0 instead (as FA-2's CUDA kernels do), so P, alpha and l stay exactly 0 there.
+// NaN and +inf scores propagate without a flag or a branch: simd::exp2 keeps NaN, a NaN score
+// gives a NaN P (or, when the max picked it up, a NaN m_new and so NaN for the whole tile), a
+// +inf score makes m_new = +inf and its own P = exp2(inf − inf) = NaN; either way l and Oᵀ turn
+// NaN, and stay NaN through every later alpha. Such a row ends with out and lse NaN, as the
+// materialized softmax (and PyTorch) gives. A −inf score from finite inputs gets P = 0 like a
+// masked key (a row whose scores are all −inf ends as a row that saw no key).
 void online_softmax(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
+  const V16 log2e = simd::bcast(kLog2e);
   for (int64_t c = 0; c < w; c += simd::kLanes) {
     V16 mx = simd::bcast(simd::kNegInf);
     for (int64_t r = 0; r < nc; ++r) mx = simd::max(mx, simd::load(st + r * ld + c));
     const V16 m_old = simd::load(m + c);
     const V16 m_new = simd::max(m_old, mx);
-    const V16 a = simd::exp2(simd::sub(m_old, m_new));
+    const V16 m_sub = simd::replace_neg_inf(m_new, simd::zero());
+    const V16 a = simd::exp2(simd::mul(simd::sub(m_old, m_sub), log2e));
     V16 sum = simd::zero();
     for (int64_t r = 0; r < nc; ++r) {
-      const V16 e = simd::exp2(simd::sub(simd::load(st + r * ld + c), m_new));
+      // (S − m) first: exact near the max (Sterbenz), so the largest P are exact before exp2.
+      const V16 e = simd::exp2(simd::mul(simd::sub(simd::load(st + r * ld + c), m_sub), log2e));
       simd::store(st + r * ld + c, e);
       sum = simd::add(sum, e);
     }
@@ -73,7 +82,7 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
   const int64_t h = it.h, kvh = h / (p.num_heads / p.num_heads_k);
   const int64_t m0 = it.r0, mr = std::min(ts.block_m, sq.len_q - m0);
   const int64_t wl = simd::round_up(mr, simd::kLanes);
-  const ScorePolicy sp = score_policy(p, sq, h, /*scale_q=*/true);
+  const ScorePolicy sp = score_policy(p, sq, h);
 
   const Operand q = operand(p, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, it.b, sq.q_start, h);
   const Operand k = operand(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, it.b, sq.k_start, kvh);
@@ -106,7 +115,9 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
                                 w.alpha.data() + la);
   }
 
-  // O = Oᵀᵀ / l, lse = ln(l) + m (m in log2 units). Rows that saw no key: out 0, lse −inf.
+  // O = Oᵀᵀ / l, lse = m + ln l. Rows that saw no key: out 0, lse −inf; rows with a NaN or +inf
+  // score: l is NaN, so out and lse are NaN. lse is formed in double and rounded once: at large
+  // scores its ulp is the accuracy limit of the backward's P = exp(S − lse).
   const int64_t es = static_cast<int64_t>(dtype_size(p.dtype));
   char* out = static_cast<char*>(p.out) +
               (it.b * p.o_batch_stride + (sq.q_start + m0) * p.o_row_stride + h * p.o_head_stride) * es;
@@ -123,7 +134,10 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
     const bool empty = l == 0.0f;
     for (int64_t y = 0; y < dv; ++y) row[y] = w.ot[y * wl + r];
     simd::store_row(p.dtype, row, out + r * p.o_row_stride * es, dv, empty ? 0.0f : 1.0f / l);
-    if (lse) lse[r * p.lse_row_stride] = empty ? simd::kNegInf : (w.m[r] + std::log2(l)) * kLn2;
+    if (lse) {
+      const double lse_r = static_cast<double>(w.m[r]) + std::log(static_cast<double>(l));
+      lse[r * p.lse_row_stride] = empty ? simd::kNegInf : static_cast<float>(lse_r);
+    }
   }
 }
 
@@ -139,12 +153,17 @@ void forward(const detail::Params& p) {
   const TileShape ts = fwd_tile(p);
   const std::vector<WorkItem> items = work_items(p, p.num_heads, ts.block_m, /*use_q=*/true);
   if (items.empty()) return;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(p), static_cast<int64_t>(items.size())));
+  const int threads = effective_threads(p, static_cast<int64_t>(items.size()));
   // Scratch is allocated before the parallel region so that an allocation failure throws here
-  // instead of terminating inside OpenMP.
+  // (as an Error) instead of terminating inside OpenMP.
   std::vector<FwdScratch> scratch;
-  scratch.reserve(threads);
-  for (int t = 0; t < threads; ++t) scratch.emplace_back(ts.block_m, ts.block_n, p.head_dim, p.head_dim_v);
+  try {
+    scratch.reserve(threads);
+    for (int t = 0; t < threads; ++t) scratch.emplace_back(ts.block_m, ts.block_n, p.head_dim, p.head_dim_v);
+  } catch (const std::bad_alloc&) {
+    throw Error("cpu forward: out of memory allocating the scratch tiles of " + std::to_string(threads) +
+                " threads; lower num_threads");
+  }
   const int64_t n_items = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < n_items; ++i) forward_item(p, ts, items[i], scratch[omp_get_thread_num()]);

@@ -27,8 +27,10 @@ inline constexpr float kPosInf = std::numeric_limits<float>::infinity();
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // exp2 of arguments below -126 returns exactly 0: no denormal ever enters a product (denormal
-// operands take a microcode assist on x86, ~100x slower), exp2(-inf) = 0 for masked scores, and
-// NaN (from -inf - -inf on a row that saw no key yet) also gives 0.
+// operands take a microcode assist on x86, ~100x slower), and exp2(-inf) = 0 for masked scores.
+// NaN stays NaN: a NaN score (NaN in q or k, or an inf - inf from overflowing scores) must reach
+// the row's out and lse instead of vanishing like a masked key. Callers keep -inf - -inf out of
+// it (the forward's row max of an empty row is replaced by 0 before subtracting).
 inline constexpr float kExp2Min = -126.0f;
 
 // Taylor coefficients of 2^r = e^(r ln2), ln2^k / k!. On |r| <= 1/2 the degree-7 truncation error
@@ -42,7 +44,7 @@ inline constexpr float kExp2C[8] = {1.0f,
                                     0.000154035303933816f,
                                     1.52527338040598e-05f};
 
-inline float exp2_scalar(float x) { return x >= kExp2Min ? std::exp2(x) : 0.0f; }
+inline float exp2_scalar(float x) { return x < kExp2Min ? 0.0f : std::exp2(x); }
 
 #if defined(__AVX512F__)
 using V16 = __m512;
@@ -54,16 +56,24 @@ inline V16 fmadd(V16 a, V16 b, V16 c) { return _mm512_fmadd_ps(a, b, c); }
 inline V16 add(V16 a, V16 b) { return _mm512_add_ps(a, b); }
 inline V16 sub(V16 a, V16 b) { return _mm512_sub_ps(a, b); }
 inline V16 mul(V16 a, V16 b) { return _mm512_mul_ps(a, b); }
+// max and min return b where either operand is NaN (the x86 MAXPS/MINPS rule); the portable
+// versions below follow it, so a NaN passes through exactly when it is the second operand.
 inline V16 max(V16 a, V16 b) { return _mm512_max_ps(a, b); }
+inline V16 min(V16 a, V16 b) { return _mm512_min_ps(a, b); }
+// Lanes equal to -inf replaced by r.
+inline V16 replace_neg_inf(V16 x, V16 r) {
+  return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ), r);
+}
 
 inline V16 exp2(V16 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
-  x = _mm512_min_ps(x, _mm512_set1_ps(128.0f));
+  // keep: x >= kExp2Min or NaN (not-less-than, unordered true).
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_NLT_UQ);
+  x = _mm512_min_ps(_mm512_set1_ps(128.0f), x);  // NaN is the second operand: it stays NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_sub_ps(x, n);
   __m512 y = _mm512_set1_ps(kExp2C[7]);
   for (int c = 6; c >= 0; --c) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp2C[c]));
-  return _mm512_maskz_scalef_ps(keep, y, n);  // y * 2^n, 0 where x < kExp2Min or NaN
+  return _mm512_maskz_scalef_ps(keep, y, n);  // y * 2^n, 0 where x < kExp2Min
 }
 #else
 // 64-byte vectors without AVX-512 are passed in memory; all these functions are inlined, so the
@@ -79,8 +89,16 @@ inline V16 add(V16 a, V16 b) { return a + b; }
 inline V16 sub(V16 a, V16 b) { return a - b; }
 inline V16 mul(V16 a, V16 b) { return a * b; }
 inline V16 max(V16 a, V16 b) {
-  for (int i = 0; i < kLanes; ++i) a[i] = a[i] > b[i] ? a[i] : b[i];  // NaN-free inputs only
+  for (int i = 0; i < kLanes; ++i) a[i] = a[i] > b[i] ? a[i] : b[i];
   return a;
+}
+inline V16 min(V16 a, V16 b) {
+  for (int i = 0; i < kLanes; ++i) a[i] = a[i] < b[i] ? a[i] : b[i];
+  return a;
+}
+inline V16 replace_neg_inf(V16 x, V16 r) {
+  for (int i = 0; i < kLanes; ++i) x[i] = x[i] == kNegInf ? r[i] : x[i];
+  return x;
 }
 inline V16 exp2(V16 x) {
   for (int i = 0; i < kLanes; ++i) x[i] = exp2_scalar(x[i]);

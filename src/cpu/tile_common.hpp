@@ -18,10 +18,18 @@
 namespace flashattn::cpu::tiled {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 
-inline int num_threads(const detail::Params& p) {
-  return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+// Threads a pass runs with, for `work_items` independent items: the request (0 = OpenMP's
+// default), but at most one per item (a thread without an item only costs memory) and at most 4
+// per processor. Above the processor count threads only time-share cores, while every thread
+// costs its scratch and, in the backward, 2 dQ buffers of a whole (batch, KV head) group: an
+// uncapped num_threads = 4096 on a 16-token problem took 2.5 GB and 3 s. The factor 4 (not 1)
+// keeps deliberate oversubscription possible, e.g. to reproduce the backward's summation order,
+// which depends on the thread count, from a larger machine. Never less than 1.
+inline int effective_threads(const detail::Params& p, int64_t work_items) {
+  const int64_t requested = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const int64_t cap = 4 * static_cast<int64_t>(std::max(1, omp_get_num_procs()));
+  return static_cast<int>(std::max<int64_t>(1, std::min({requested, work_items, cap})));
 }
 
 // One strided [rows, dim] operand of one (batch, head): base points at row 0 of the sequence.
@@ -81,11 +89,11 @@ struct PrefetchNext {
   }
 };
 
-// dst[r][x] = src[r0 + r][x] for x < dim, 0 for dim <= x < ld (a padded row-major copy).
+// dst[r][x] = mult · src[r0 + r][x] for x < dim, 0 for dim <= x < ld (a padded row-major copy).
 inline void copy_rows_padded(DType dt, const Operand& src, int64_t r0, int64_t rows, int64_t dim, float* dst,
-                             int64_t ld) {
+                             int64_t ld, float mult = 1.0f) {
   for (int64_t r = 0; r < rows; ++r) {
-    simd::load_row(dt, src.row(r0 + r), dst + r * ld, dim, 1.0f);
+    simd::load_row(dt, src.row(r0 + r), dst + r * ld, dim, mult);
     std::fill(dst + r * ld + dim, dst + (r + 1) * ld, 0.0f);
   }
 }
@@ -117,28 +125,32 @@ inline Seq sequence(const detail::Params& p, int64_t b) {
   return {b, p.q_start(b), p.k_start(b), p.q_len(b), p.k_len(b)};
 }
 
-// How raw products Q·Kᵀ become log2-domain logits s2 = S · log2(e), so that P = exp2(s2 − m):
-//   no softcap: s2 = raw · s_mult                       (s_mult · q_mult = softmax_scale · log2 e)
-//   softcap:    t = tanh(raw · s_mult), s2 = t · cap2    (s_mult · q_mult = softmax_scale / softcap)
-//   ALiBi adds −slope · |i + offset − j| · log2 e; masked entries become −inf.
-// The forward folds the scale into its Qᵀ tile (q_mult); the backward keeps Q unscaled for dK.
+// How products of a scaled Q tile (q_mult · Q) with K become the scores S (natural units):
+//   no softcap: S = raw                     (q_mult = softmax_scale)
+//   softcap:    t = tanh(raw), S = t · cap   (q_mult = softmax_scale / softcap)
+//   ALiBi adds −slope · |i + offset − j|; masked entries become −inf.
+// Both passes fold the scale into their Q tile, so that the backward recomputes the forward's S
+// bit for bit (see bwd_item); the backward's dK takes softmax_scale / q_mult in exchange.
+// Scores stay in natural units (P = exp2((S − m) · log2 e), one multiply more per score than
+// folding log2 e into Q): then lse = m + ln l is rounded once from the row max itself, and
+// S − lse in the backward is exact where P matters. Scores in log2 units need lse = (m2 +
+// log2 l) · ln 2, a rounding of its own of half an ulp of |lse|, which at |lse| ~ 2000 put the
+// backward's P of a dominated row off by 7e-5 relative (3x over the fp32 criterion).
 struct ScorePolicy {
   float q_mult = 1.0f;
-  float s_mult = 1.0f;
-  float cap2 = 0.0f;    // softcap · log2 e, 0 = off
-  float slope2 = 0.0f;  // ALiBi slope · log2 e of this (batch, head)
+  float cap = 0.0f;     // softcap, 0 = off
+  float slope = 0.0f;   // ALiBi slope of this (batch, head)
   bool alibi = false;
   int64_t offset = 0;   // i + offset − j is the distance to the diagonal
 };
 
-inline ScorePolicy score_policy(const detail::Params& p, const struct Seq& sq, int64_t h, bool scale_q) {
+inline ScorePolicy score_policy(const detail::Params& p, const struct Seq& sq, int64_t h) {
   ScorePolicy sp;
-  const float total = p.softcap > 0.0f ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  if (scale_q) sp.q_mult = total; else sp.s_mult = total;
-  if (p.softcap > 0.0f) sp.cap2 = p.softcap * kLog2e;
+  sp.q_mult = p.softcap > 0.0f ? p.softmax_scale / p.softcap : p.softmax_scale;
+  if (p.softcap > 0.0f) sp.cap = p.softcap;
   if (p.alibi_slopes) {
     sp.alibi = true;
-    sp.slope2 = p.alibi_slopes[sq.b * p.alibi_batch_stride + h] * kLog2e;
+    sp.slope = p.alibi_slopes[sq.b * p.alibi_batch_stride + h];
   }
   sp.offset = p.align_bottom_right ? sq.len_k - sq.len_q : 0;
   return sp;
@@ -153,30 +165,27 @@ inline bool tile_fully_visible(const detail::Params& p, const Seq& sq, int64_t m
   return last.lo <= n0 && first.hi >= n0 + nc && first.lo < first.hi;
 }
 
-// Scale and softcap over a whole contiguous tile of n floats; t receives tanh when softcap is on
-// and t != nullptr (the backward's chain rule). Eigen's tanh is vectorized.
-inline void scale_and_cap(const ScorePolicy& sp, float* s, int64_t n, float* t) {
+// Softcap over a whole contiguous tile of n floats; t receives tanh when softcap is on and
+// t != nullptr (the backward's chain rule). Eigen's tanh is vectorized.
+inline void apply_softcap(const ScorePolicy& sp, float* s, int64_t n, float* t) {
+  if (sp.cap <= 0.0f) return;
   Eigen::Map<Eigen::ArrayXf> a(s, n);
-  if (sp.cap2 > 0.0f) {
-    a = (a * sp.s_mult).tanh();
-    if (t) Eigen::Map<Eigen::ArrayXf>(t, n) = a;
-    a *= sp.cap2;
-  } else if (sp.s_mult != 1.0f) {
-    a *= sp.s_mult;
-  }
+  a = a.tanh();
+  if (t) Eigen::Map<Eigen::ArrayXf>(t, n) = a;
+  a *= sp.cap;
 }
 
 // Natural orientation: row r is query m0 + r, lane j is key n0 + j (nc valid of np lanes; the
 // padding lanes become −inf so that P = 0 there). s has row stride np.
 inline void finish_natural(const detail::Params& p, const Seq& sq, const ScorePolicy& sp, int64_t m0, int64_t mr,
                            int64_t n0, int64_t nc, int64_t np, float* s, float* t, bool mask) {
-  scale_and_cap(sp, s, mr * np, t);
+  apply_softcap(sp, s, mr * np, t);
   for (int64_t r = 0; r < mr; ++r) {
     float* row = s + r * np;
     if (sp.alibi) {
       // |i + offset − j| in float is exact below 2^24 (sequence lengths are far smaller).
       const float diag = static_cast<float>(m0 + r + sp.offset - n0);
-      const float sl = sp.slope2;
+      const float sl = sp.slope;
 #pragma omp simd
       for (int64_t j = 0; j < nc; ++j) row[j] -= sl * std::fabs(diag - static_cast<float>(j));
     }
@@ -199,11 +208,11 @@ inline void finish_transposed(const ScorePolicy& sp, int64_t m0, int64_t mr, int
   int64_t a = la, z = la;  // lanes [a, z) see the current key (bounds nondecreasing in the lane)
   for (int64_t r = 0; r < nc; ++r) {
     float* row = s + r * w;
-    scale_and_cap(sp, row + la, lb - la, nullptr);
+    apply_softcap(sp, row + la, lb - la, nullptr);
     const int64_t key = n0 + r;
     if (sp.alibi) {
       const float diag = static_cast<float>(m0 + sp.offset - key);
-      const float sl = sp.slope2;
+      const float sl = sp.slope;
 #pragma omp simd
       for (int64_t l = la; l < lb; ++l) row[l] -= sl * std::fabs(diag + static_cast<float>(l));
     }
