@@ -3,7 +3,8 @@
 
 Runs `flashattn bench --json` over the issue's sweep (batch 1, 16 heads, head_dim 64 and 128,
 seqlen 512..8192, causal and not, forward and backward, fp32 and bf16), then times
-torch.nn.functional.scaled_dot_product_attention on the same shapes with the same thread count.
+torch.nn.functional.scaled_dot_product_attention on the same shapes with the same thread count,
+interleaved shape by shape (ours, then torch) so that load changes hit both alike.
 GFLOP/s with FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * head_dim (half for causal;
 backward 2.5x); medians after a warm-up. Writes JSON, a markdown table and a PNG plot.
 
@@ -101,34 +102,40 @@ def main():
     dtypes = ["f32", "bf16"]
     os.makedirs(args.out_dir, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    ours = run_ours(args, dtypes, head_dims, seqlens, os.path.join(args.out_dir, "ours.json"))
-
     try:
         import torch
     except ImportError:
         torch = None
         print("PyTorch is not installed: peer column left empty", file=sys.stderr)
+    # Interleaved: each shape runs ours, then torch, before the next shape, so that a change in the
+    # machine's load during the sweep hits both columns alike.
     rows = []
-    for r in ours.get("results", ours if isinstance(ours, list) else []):
-        row = dict(r)
-        row["torch_gflops"] = None
-        if torch is not None:
-            torch.set_num_threads(args.threads)
-            tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[r["dtype"]]
-            bwd = r["pass"] == "bwd"
-            print(f"torch sdpa {r['dtype']} d{r['head_dim']} s{r['seqlen_q']} causal={r['causal']} {r['pass']}",
-                  file=sys.stderr, flush=True)
-            t = time_torch(torch, 1, args.heads, r["seqlen_q"], r["head_dim"], tdtype, r["causal"], bwd,
-                           args.repeats, args.max_seconds)
-            row["torch_gflops"] = flops(1, args.heads, r["seqlen_q"], r["head_dim"], r["causal"], bwd) / t / 1e9
-        rows.append(row)
+    version = None
+    for dt in dtypes:
+        for d in head_dims:
+            for s_len in seqlens:
+                ours = run_ours(args, [dt], [d], [s_len], os.path.join(args.out_dir, "ours.json"))
+                version = ours.get("version", version)
+                for r in ours["results"]:
+                    row = dict(r)
+                    row["torch_gflops"] = None
+                    if torch is not None:
+                        torch.set_num_threads(args.threads)
+                        tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[r["dtype"]]
+                        bwd = r["pass"] == "bwd"
+                        print(f"torch sdpa {r['dtype']} d{r['head_dim']} s{r['seqlen_q']} causal={r['causal']} {r['pass']}",
+                              file=sys.stderr, flush=True)
+                        t = time_torch(torch, 1, args.heads, r["seqlen_q"], r["head_dim"], tdtype, r["causal"], bwd,
+                                       args.repeats, args.max_seconds)
+                        row["torch_gflops"] = flops(1, args.heads, r["seqlen_q"], r["head_dim"], r["causal"], bwd) / t / 1e9
+                    rows.append(row)
 
     meta = {
         "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
         "threads": args.threads,
         "torch": torch.__version__ if torch is not None else None,
-        "flashattn": ours.get("version") if isinstance(ours, dict) else None,
+        "flashattn": version,
     }
     with open(os.path.join(args.out_dir, "cpu_bench.json"), "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
