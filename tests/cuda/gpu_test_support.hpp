@@ -172,23 +172,7 @@ class DeviceTensor {
     if (err != cudaSuccess) throw Error(std::string("test: cudaMemcpy failed: ") + cudaGetErrorString(err));
   }
 
-  std::vector<int64_t> logical_offsets() const {
-    std::vector<int64_t> offs;
-    int64_t n = 1;
-    for (int64_t s : shape_) n *= s;
-    offs.reserve(static_cast<size_t>(n));
-    std::vector<int64_t> idx(shape_.size(), 0);
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t off = 0;
-      for (size_t d = 0; d < shape_.size(); ++d) off += idx[d] * stride_[d];
-      offs.push_back(off);
-      for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
-        if (++idx[d] < shape_[d]) break;
-        idx[d] = 0;
-      }
-    }
-    return offs;
-  }
+  std::vector<int64_t> logical_offsets() const { return strided_offsets(shape_, stride_); }
 
   DType dtype_ = DType::f32;
   std::vector<int64_t> shape_, stride_;

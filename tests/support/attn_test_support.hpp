@@ -54,6 +54,26 @@ inline std::string seed_note(uint64_t seed) {
 // Scalar conversions and the poison pattern: quiet NaNs with a recognizable payload, so that a
 // padding element still holding it was provably never written.
 
+// Storage offsets of a strided tensor's logical elements, in row-major logical order (shared by
+// the host tensors here and the device tensors of tests/cuda).
+inline std::vector<int64_t> strided_offsets(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<int64_t> offs;
+  offs.reserve(static_cast<size_t>(n));
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = 0;
+    for (size_t d = 0; d < shape.size(); ++d) off += idx[d] * stride[d];
+    offs.push_back(off);
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return offs;
+}
+
 inline double to_double(DType dtype, const void* base, int64_t offset) {
   switch (dtype) {
     case DType::f32: return static_cast<const float*>(base)[offset];
@@ -162,22 +182,7 @@ class HostTensor {
   }
 
   // Storage offsets of the logical elements, in row-major logical order.
-  std::vector<int64_t> logical_offsets() const {
-    std::vector<int64_t> offs;
-    offs.reserve(static_cast<size_t>(numel()));
-    std::vector<int64_t> idx(shape_.size(), 0);
-    const int64_t n = numel();
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t off = 0;
-      for (size_t d = 0; d < shape_.size(); ++d) off += idx[d] * stride_[d];
-      offs.push_back(off);
-      for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
-        if (++idx[d] < shape_[d]) break;
-        idx[d] = 0;
-      }
-    }
-    return offs;
-  }
+  std::vector<int64_t> logical_offsets() const { return strided_offsets(shape_, stride_); }
 
   void poison() {
     for (int64_t i = 0; i < storage_numel_; ++i) write_poison(dtype_, bytes_.data(), i);
