@@ -37,7 +37,8 @@ if [ "$mode" = build ]; then
   CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)
   if [ -x "$CUOBJDUMP" ]; then
     for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o; do
-      echo "== $(basename "$o"): $("$CUOBJDUMP" -sass "$o" | grep -c HMMA) HMMA, $("$CUOBJDUMP" -sass "$o" | grep -cE 'LDL|STL') LDL/STL"
+      sass=$("$CUOBJDUMP" -sass "$o")
+      echo "== $(basename "$o"): $(grep -c HGMMA <<<"$sass") HGMMA, $(grep -c HMMA <<<"$sass") HMMA, $(grep -cE 'LDL|STL' <<<"$sass") LDL/STL"
     done > $DIST/sass_summary.txt
     cat $DIST/sass_summary.txt
   fi
@@ -60,6 +61,14 @@ if [[ $what == *tests* ]]; then
   grep -E "^\[  (FAILED|SKIPPED) " "$OUT/tests.log" | sort -u | head -30
   grep -B2 -A12 "Failure" "$OUT/tests.log" | head -60
   summary+=("tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests.log") failed, $(( $(date +%s) - start )) s")
+  grep -E "forward kernel on" "$OUT/tests.log" | head -1
+  # On a Hopper GPU the forward tests ran the sm90 kernel; run them again on the sm80 kernel.
+  start=$(date +%s)
+  FLASHATTN_CUDA_FWD=sm80 $DIST/test_cuda --gtest_filter="${GTEST_FILTER_SM80:-*CudaForward*}" > "$OUT/tests_sm80.log" 2>&1
+  rc=$?
+  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_sm80.log" | sort -u | head -20
+  grep -E "forward kernel on" "$OUT/tests_sm80.log" | head -1
+  summary+=("tests (FLASHATTN_CUDA_FWD=sm80): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_sm80.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_sm80.log") failed, $(( $(date +%s) - start )) s")
 fi
 
 if [[ $what == *sanitize* ]]; then

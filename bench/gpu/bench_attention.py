@@ -55,8 +55,9 @@ def make_inputs(b, s, h, hk, d, dtype):
 
 # ---- the contenders: each returns (fwd_fn, bwd_fn) over [batch, seqlen, heads, dim] inputs ----
 
-def ours(q, k, v, do, causal, variant=None):
-    """Through the package's public flash_attn_func (its op layer is an internal detail)."""
+def ours(q, k, v, do, causal, variant=None, fwd_kernel=None):
+    """Through the package's public flash_attn_func (its op layer is an internal detail).
+    fwd_kernel="sm80" forces the sm80 forward on a Hopper GPU (FLASHATTN_CUDA_FWD)."""
     import flashattn
 
     def select():
@@ -64,6 +65,10 @@ def ours(q, k, v, do, causal, variant=None):
             os.environ["FLASHATTN_FWD_VARIANT"] = str(variant)
         else:
             os.environ.pop("FLASHATTN_FWD_VARIANT", None)
+        if fwd_kernel is not None:
+            os.environ["FLASHATTN_CUDA_FWD"] = fwd_kernel
+        else:
+            os.environ.pop("FLASHATTN_CUDA_FWD", None)
 
     def fwd():
         select()
@@ -157,6 +162,9 @@ def main():
     ap.add_argument("--rep-ms", type=float, default=60.0)
     ap.add_argument("--ours-variants", default="", help="also time these FLASHATTN_FWD_VARIANT values (sweep builds)")
     ap.add_argument("--peers", default="fa2,cudnn,flex", help="which peers to run")
+    ap.add_argument("--ours-sm80", action="store_true", help="also time our sm80 forward on a Hopper GPU")
+    ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
+    ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +176,8 @@ def main():
         contenders["ours"] = ours
         for var in [int(x) for x in args.ours_variants.split(",") if x]:
             contenders[f"ours_v{var}"] = (lambda var: lambda q, k, v, do, c: ours(q, k, v, do, c, var))(var)
+        if args.ours_sm80:
+            contenders["ours_sm80"] = lambda q, k, v, do, c: ours(q, k, v, do, c, fwd_kernel="sm80")
     except Exception as e:  # report, keep benchmarking the peers
         print(f"ours: unavailable ({e})", file=sys.stderr)
         del contenders["ours"]
@@ -183,6 +193,9 @@ def main():
         for s in seqlens:
             shapes.append((f"fa2paper_d{d}_s{s}", 16384 // s, s, 2048 // d, 2048 // d, d))
     shapes.append(("llama31_8b_s8192", 1, 8192, 32, 8, 128))
+    if args.shapes:
+        shapes = [sh for sh in shapes if any(x in sh[0] for x in args.shapes.split(","))]
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
 
     dev = torch.cuda.get_device_properties(0)
     meta = {"device": dev.name, "sms": dev.multi_processor_count, "torch": torch.__version__,
@@ -197,7 +210,7 @@ def main():
     rows = []
     for dtype in dtypes:
         for (name, b, s, h, hk, d) in shapes:
-            for causal in (False, True):
+            for causal in causals:
                 q, k, v, do = make_inputs(b, s, h, hk, d, dtype)
                 ref_out = None
                 for cname, make in contenders.items():
@@ -240,8 +253,9 @@ def main():
     impls = list(contenders)
     md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
           "TFLOP/s (median; fwd / bwd). FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
-          "| shape | dtype | causal | " + " | ".join(impls) + " | ours/fa2 fwd | ours/fa2 bwd |",
-          "|---|---|---|" + "---|" * (len(impls) + 2)]
+          "| shape | dtype | causal | " + " | ".join(impls) +
+          " | ours/fa2 fwd | ours/fa2 bwd | ours/cudnn fwd | ours/cudnn bwd |",
+          "|---|---|---|" + "---|" * (len(impls) + 4)]
     keys = []
     for r in rows:
         key = (r["shape"], r["dtype"], r["causal"])
@@ -258,11 +272,12 @@ def main():
             else:
                 cells.append(f"{r.get('fwd_tflops', float('nan')):.0f} / {r.get('bwd_tflops', float('nan')):.0f}")
 
-        def ratio(field):
-            a, b = by.get("ours", {}).get(field), by.get("fa2", {}).get(field)
+        def ratio(field, peer):
+            a, b = by.get("ours", {}).get(field), by.get(peer, {}).get(field)
             return f"{a / b:.2f}" if a and b else ""
 
-        cells += [ratio("fwd_tflops"), ratio("bwd_tflops")]
+        cells += [ratio("fwd_tflops", "fa2"), ratio("bwd_tflops", "fa2"),
+                  ratio("fwd_tflops", "cudnn"), ratio("bwd_tflops", "cudnn")]
         md.append(f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | " + " | ".join(cells) + " |")
     errors = [f"- {r['impl']} {r['shape']} {r['dtype']} causal={r['causal']}: {r['error']}" for r in rows if "error" in r]
     if errors:

@@ -21,6 +21,7 @@ struct Params {
   int64_t seqlen_q;       // batched: the seqlen; varlen: max over the batch
   int64_t seqlen_k;
   int64_t num_heads, num_heads_k, head_dim, head_dim_v;
+  int64_t rows_q, rows_k;  // rows of the q and k tensors: seqlen, or total_q / total_k when varlen
   bool is_varlen;
   const int32_t* cu_seqlens_q;  // [batch + 1] when is_varlen
   const int32_t* cu_seqlens_k;

@@ -532,6 +532,8 @@ Params validate(const AttentionParams& a, Pass pass) {
   p.num_heads_k = num_heads_k;
   p.head_dim = head_dim;
   p.head_dim_v = head_dim_v;
+  p.rows_q = rows_q;
+  p.rows_k = rows_k;
   p.is_varlen = varlen;
   p.cu_seqlens_q = varlen ? static_cast<const int32_t*>(a.cu_seqlens_q.data) : nullptr;
   p.cu_seqlens_k = varlen ? static_cast<const int32_t*>(a.cu_seqlens_k.data) : nullptr;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstdint>
 #include <optional>
@@ -62,6 +63,78 @@ constexpr FwdKernel kFwdKernels[] = {
 #endif
     {DType::f32, 0, nullptr},  // sentinel: keeps the array non-empty when everything is pruned
 };
+
+// The Hopper (sm_90a) forward instantiations, generated when FLASHATTN_CUDA_ARCHS has 90a.
+using LaunchFwdSm90 = void (*)(const FwdParams&, int, int, int64_t, int64_t, void*);
+struct FwdSm90Kernel {
+  DType dtype;
+  int head_dim;
+  LaunchFwdSm90 launch;
+};
+constexpr FwdSm90Kernel kFwdSm90Kernels[] = {
+#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM64
+    {DType::f16, 64, &launch_fwd_sm90<F16, 64>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM128
+    {DType::f16, 128, &launch_fwd_sm90<F16, 128>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM256
+    {DType::f16, 256, &launch_fwd_sm90<F16, 256>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM64
+    {DType::bf16, 64, &launch_fwd_sm90<BF16, 64>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM128
+    {DType::bf16, 128, &launch_fwd_sm90<BF16, 128>},
+#endif
+#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM256
+    {DType::bf16, 256, &launch_fwd_sm90<BF16, 256>},
+#endif
+    {DType::f32, 0, nullptr},
+};
+
+// Compute capability of the current device, cached per device (cudaGetDeviceProperties is slow).
+int device_cc(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  int cc = cache[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    cc = major * 10 + minor;
+    cache[device].store(cc, std::memory_order_relaxed);
+  }
+  return cc;
+}
+
+// The Hopper forward covers a call when the device is sm_90 (the sm_90a image needs exactly 9.0),
+// a bucket is built, and every tensor fits a TMA map: strides of dims longer than 1 positive and
+// below 2^40 bytes, rows below 2^31 (TMA coordinates are int32). FLASHATTN_CUDA_FWD=sm80 forces
+// the sm80 kernel (tests and benchmarks cover both on one GPU).
+const FwdSm90Kernel* pick_fwd_sm90(const detail::Params& p) {
+  if (const char* force = std::getenv("FLASHATTN_CUDA_FWD"); force != nullptr && std::string(force) == "sm80")
+    return nullptr;
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  if (device_cc(device) != 90) return nullptr;
+  const int64_t need = std::max(p.head_dim, p.head_dim_v);
+  const FwdSm90Kernel* best = nullptr;
+  for (const FwdSm90Kernel& k : kFwdSm90Kernels) {
+    if (k.launch == nullptr || k.dtype != p.dtype || k.head_dim < need) continue;
+    if (best == nullptr || k.head_dim < best->head_dim) best = &k;
+  }
+  if (best == nullptr) return nullptr;
+  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;  // elements of 2 bytes: < 2^40 bytes
+  auto fits = [&](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride <= kMaxStride); };
+  const int64_t nb = p.is_varlen ? 1 : p.batch;
+  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) return nullptr;
+  const bool ok = fits(p.rows_q, p.q_row_stride) && fits(p.num_heads, p.q_head_stride) && fits(nb, p.q_batch_stride) &&
+                  fits(p.rows_k, p.k_row_stride) && fits(p.num_heads_k, p.k_head_stride) &&
+                  fits(nb, p.k_batch_stride) && fits(p.rows_k, p.v_row_stride) &&
+                  fits(p.num_heads_k, p.v_head_stride) && fits(nb, p.v_batch_stride);
+  return ok ? best : nullptr;
+}
 
 // The smallest shipped bucket that holds both head dims, or nullptr.
 const FwdKernel* pick_fwd(const detail::Params& p) {
@@ -334,7 +407,10 @@ Plan plan(const detail::Params& p, Pass pass) {
                         " (configure FLASHATTN_CUDA_FWD_HEAD_DIMS)";
         return result;
       }
-      result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
+      if (const FwdSm90Kernel* k90 = pick_fwd_sm90(p))
+        result.kernel = "cuda_fwd_sm90_tma_wgmma_hdim" + std::to_string(k90->head_dim);
+      else
+        result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
       result.kernel = "cuda_bwd_sm80_mma_hdim" + std::to_string(bwd_sm80_head_dim_bucket(p));
@@ -371,6 +447,10 @@ void forward(const detail::Params& p) {
     if (launch_fwd_sweep(std::atoi(v), k->head_dim, f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream))
       return;
 #endif
+  if (const FwdSm90Kernel* k90 = pick_fwd_sm90(p)) {
+    k90->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.rows_q, p.rows_k, p.stream);
+    return;
+  }
   k->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream);
 }
 

@@ -123,8 +123,10 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
   }
 
   // With softcap or ALiBi the modifiers are applied to softmax_scale * qk, so the exponent's scale
-  // is log2(e) alone; otherwise softmax_scale * log2(e) is folded into one FFMA per score.
-  const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr;
+  // is log2(e) alone; otherwise softmax_scale * log2(e) is folded into one FFMA per score. A
+  // negative softmax_scale takes the first path too: the row max must be taken over the scaled
+  // scores (max of raw scores times a negative scale is the minimum, and exp2 would overflow).
+  const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
   const float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
 

@@ -80,3 +80,48 @@ template <typename Elem, typename Config>
 void launch_fwd_sm80_config(const FwdParams& p, int batch, int max_seqlen_q, void* stream);
 
 }  // namespace flashattn::cuda
+
+namespace flashattn::cuda {
+
+// Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 query rows as
+// two consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing TMA, and kStages
+// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes (≤ 227 KB).
+// Registers per consumer thread (240 after setmaxnreg): S = block_n / 2, P = block_n / 4,
+// O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
+//   hdim 64:  block_n 128, 3 stages: 112 KB; S 64 + P 32 + O 32 registers.
+//   hdim 128: block_n 128, 2 stages: 160 KB; S 64 + P 32 + O 64.
+//   hdim 256: block_n 64, 2 stages: 192 KB; S 32 + P 16 + O 128.
+template <int kHeadDim_, int kBlockN_, int kStages_>
+struct FwdSm90Config {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 256 + 1024;
+};
+
+template <int kHeadDim>
+struct FwdSm90Traits;
+template <>
+struct FwdSm90Traits<64> {
+  using Config = FwdSm90Config<64, 128, 3>;
+};
+template <>
+struct FwdSm90Traits<128> {
+  using Config = FwdSm90Config<128, 128, 2>;
+};
+template <>
+struct FwdSm90Traits<256> {
+  using Config = FwdSm90Config<256, 64, 2>;
+};
+
+// Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the
+// generated fwd_sm90_<dtype>_hdim<d>.cu. `rows_q` / `rows_k` are the rows of the q and k tensors
+// (seqlen, or the packed totals when varlen): they bound the TMA tensor maps.
+template <typename Elem, int kHeadDim>
+void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream);
+
+}  // namespace flashattn::cuda

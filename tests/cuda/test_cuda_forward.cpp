@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -108,6 +110,25 @@ std::vector<GpuCase> forward_cases() {
       add(c);
     }
     add(base(dt, 2, 130, 130, 8, 2, 128));
+    {
+      // A negative softmax_scale: the row max must be taken over the scaled scores (fixed bug:
+      // the unmodified path took it over the raw ones, so exp2 overflowed to inf / NaN).
+      ProblemConfig c = base(dt, 1, 150, 260, 2, 2, 128);
+      c.softmax_scale = -0.3f;
+      add(c);
+      c.head_dim = 64;
+      c.causal = true;
+      add(c);
+    }
+    {
+      // Many key tiles: the K/V ring buffers wrap several times (2-3 stages), with a window.
+      ProblemConfig c = base(dt, 1, 1100, 2000, 2, 1, 64);
+      c.window_size_left = 700;
+      c.window_size_right = 0;
+      add(c);
+      c = base(dt, 1, 700, 1300, 2, 2, 256);
+      add(c);
+    }
     add(base(dt, 1, 130, 77, 4, 1, 64));
     {
       ProblemConfig c = base(dt, 0, 0, 0, 2, 1, 128);
@@ -120,6 +141,13 @@ std::vector<GpuCase> forward_cases() {
       c.window_size_left = 16;
       c.window_size_right = 8;
       c.head_dim = 64;
+      add(c);
+      // Multi-tile sequences whose last key tile crosses into the next sequence's rows.
+      c = base(dt, 0, 0, 0, 2, 2, 128);
+      c.lens_q = {517, 300, 1, 260};
+      c.lens_k = {300, 1029, 129, 70};
+      add(c);
+      c.causal = true;
       add(c);
     }
     {
@@ -179,6 +207,29 @@ TEST_P(CudaForward, MatchesReferenceAndCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward, ::testing::ValuesIn(forward_cases()),
                          [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name(); });
+
+// plan() names the kernel that forward() runs: the Hopper kernel on an sm_90 device when this
+// build has it (unless FLASHATTN_CUDA_FWD=sm80 forces the sm80 one), the sm80 kernel elsewhere.
+TEST(CudaForwardMisc, KernelChoice) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = base(DType::bf16, 1, 64, 64, 2, 2, 128);
+  Problem pr(c, fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  const Plan pl = plan(g.params(), Pass::forward);
+  ASSERT_TRUE(pl.ok) << pl.reason;
+  int major = 0, minor = 0;
+  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
+  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, current_device()));
+  const char* force = std::getenv("FLASHATTN_CUDA_FWD");
+  const bool forced = force != nullptr && std::string(force) == "sm80";
+#ifdef FLASHATTN_TEST_CUDA_SM90
+  const bool want_sm90 = major * 10 + minor == 90 && !forced;
+#else
+  const bool want_sm90 = false;
+#endif
+  EXPECT_EQ(pl.kernel, want_sm90 ? "cuda_fwd_sm90_tma_wgmma_hdim128" : "cuda_fwd_sm80_mma_hdim128");
+  std::printf("[   INFO   ] forward kernel on cc %d.%d: %s\n", major, minor, pl.kernel.c_str());
+}
 
 // The same call twice gives bitwise the same out and lse (no atomics, no races in the forward).
 TEST(CudaForwardMisc, Repeatable) {

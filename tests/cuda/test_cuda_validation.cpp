@@ -138,7 +138,8 @@ TEST(CudaValidation, PlanNamesTheKernel) {
   GpuProblem g(pr, GpuLayout::contiguous);
   const Plan pl = plan(g.params(), Pass::forward);
   ASSERT_TRUE(pl.ok) << pl.reason;
-  EXPECT_EQ(pl.kernel, "cuda_fwd_sm80_mma_hdim128");
+  // head_dim 96 runs in the 128 bucket; which architecture's kernel is CudaForwardMisc.KernelChoice's test.
+  EXPECT_TRUE(pl.kernel == "cuda_fwd_sm80_mma_hdim128" || pl.kernel == "cuda_fwd_sm90_tma_wgmma_hdim128") << pl.kernel;
 }
 
 }  // namespace

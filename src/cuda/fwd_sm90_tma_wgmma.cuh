@@ -1,0 +1,447 @@
+// FlashAttention forward on Hopper (sm_90a) with TMA, mbarriers, wgmma and warp specialization
+// (FlashAttention-3, Shah et al. 2024, Sec. 3.1 and Alg. 1-2).
+//
+// One block computes block_m = 128 query rows of one (batch, head) with three warpgroups:
+//   - the producer (warpgroup 0, 24 registers after setmaxnreg) issues one thread's TMA copies of
+//     Q once and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full" mbarrier,
+//     and waits on "empty" mbarriers before reusing a buffer;
+//   - two consumers (240 registers each) own 64 query rows each (wgmma's M). Per key tile:
+//     S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
+//     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
+//     with P from registers and V read MN-major from shared memory.
+// Intra-warpgroup overlap (FA-3 Alg. 2): S(j+1) = Q K(j+1)ᵀ and O += P(j) V(j) are issued
+// back to back and the softmax of S(j+1) runs while the P V product is still on the tensor cores;
+// only the rescale of O waits for it.
+//
+// Key tiles are visited from the last visible one down, so that tiles crossing the causal
+// diagonal or a window edge come first and are the only ones that pay per-element masking; the
+// visible key range bounds the loop (block skipping). Softcap and ALiBi are uniform runtime
+// branches, as in the sm80 kernel.
+//
+// Rows past a sequence's end: TMA zero-fills rows outside the tensor, but a varlen tile that
+// crosses its sequence's end holds the next sequence's rows. Their scores are masked, and their
+// V rows are zeroed in shared memory before the P V product (0 · inf would be NaN).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/fwd_traits.hpp"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/sm90_utils.cuh"
+
+namespace flashattn::cuda {
+
+namespace fwd_sm90_detail {
+
+// Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a 128-byte-swizzled tile of
+// kRows rows (sm90_utils.cuh): panel chunk / 8, row inside it, chunk XOR row within the row.
+template <int kRows>
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
+  return uint32_t((chunk >> 3) * kRows * 128 + row * 128 + (((chunk ^ row) & 7) << 4));
+}
+
+}  // namespace fwd_sm90_detail
+
+template <typename Elem, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
+                    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+#ifdef FLASHATTN_SM90_ENABLED
+  using namespace sm90;
+  using Storage = typename Elem::Storage;
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
+  constexpr int kPanels = D / 64;
+  constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+
+  // Heavy (late, for causal) query blocks first: blockIdx.x counts down the sequence.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_k = h / p.head_ratio;
+  int64_t q_start = 0, k_start = 0;
+  int len_q = p.seqlen_q, len_k = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    q_start = p.cu_seqlens_q[b];
+    k_start = p.cu_seqlens_k[b];
+    len_q = p.cu_seqlens_q[b + 1] - int(q_start);
+    len_k = p.cu_seqlens_k[b + 1] - int(k_start);
+  }
+  const int m0 = m_block * BM;
+  if (m0 >= len_q) return;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int tma_batch = varlen ? 0 : b;
+
+  // Visible keys of the whole block (params.hpp visible_keys over rows m0 .. last_row).
+  const int64_t offset = p.align_bottom_right ? int64_t(len_k) - len_q : 0;
+  const int64_t last_row = min(m0 + BM, len_q) - 1;
+  int64_t key_lo = 0, key_hi = len_k;
+  if (p.window_size_left >= 0) key_lo = max(key_lo, m0 + offset - p.window_size_left);
+  if (p.window_size_right >= 0) key_hi = min(key_hi, last_row + offset + p.window_size_right + 1);
+  const int nb_min = key_lo >= key_hi ? 0 : int(key_lo / BN);
+  const int nb_max = key_lo >= key_hi ? 0 : int((key_hi + BN - 1) / BN);
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t sQ = (raw + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (sQ - raw);  // generic pointer to sQ
+  const uint32_t sK = sQ + Cfg::kQBytes;
+  const uint32_t sV = sK + S * Cfg::kKVBytes;
+  const uint32_t bars = sV + S * Cfg::kKVBytes;
+  const uint32_t q_full = bars;
+  auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+  auto k_empty = [&](int s) { return bars + 8 * (1 + S + s); };
+  auto v_full = [&](int s) { return bars + 8 * (1 + 2 * S + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * S + s); };
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), kConsumerWarps);
+      mbar_init(v_empty(s), kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------------------------------------------------------- producer warpgroup
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0 && nb_max > nb_min) {
+      prefetch_tensormap(&tmap_q);
+      prefetch_tensormap(&tmap_k);
+      prefetch_tensormap(&tmap_v);
+      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn)
+        tma_load_4d(sQ + pn * BM * 128, &tmap_q, q_full, pn * 64, int(q_start) + m0, h, tma_batch);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int nb = nb_max - 1; nb >= nb_min; --nb) {
+        const int row = int(k_start) + nb * BN;
+        mbar_wait(k_empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn)
+          tma_load_4d(sK + stage * Cfg::kKVBytes + pn * BN * 128, &tmap_k, k_full(stage), pn * 64, row, h_k,
+                      tma_batch);
+        mbar_wait(v_empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn)
+          tma_load_4d(sV + stage * Cfg::kKVBytes + pn * BN * 128, &tmap_v, v_full(stage), pn * 64, row, h_k,
+                      tma_batch);
+        if (++stage == S) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    setmaxnreg_inc<240>();
+    const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    // As in the sm80 kernel: softcap, ALiBi or a negative scale scale the scores first.
+    const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
+    const float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
+    const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+
+    if (nb_max > nb_min) {
+      float s[BN / 2];
+      uint32_t pf[BN / 16][4];
+
+      // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
+      // every 4 steps to the next 64-column panel.
+      auto issue_qk = [&](int stage) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t qa = sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32;
+          const uint32_t ka = sK + stage * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32;
+          Wgmma<Elem, BN>::ss(s, make_desc(qa, 16, 1024), make_desc(ka, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+      };
+      // O += P V(stage): block_n / 16 k-steps of 16 key rows (2048 bytes) each; V is MN-major
+      // with its 64-column panels block_n · 128 bytes apart.
+      auto issue_pv = [&](int stage) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          const uint32_t va = sV + stage * Cfg::kKVBytes + kk * 16 * 128;
+          Wgmma<Elem, D>::rs(o, pf[kk], make_desc(va, BN * 128, 1024), 1);
+        }
+        wgmma_commit();
+      };
+      auto fence_s = [&] {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
+      };
+      auto fence_o = [&] {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
+      };
+      auto release = [&](uint32_t bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+      };
+      // A varlen tile that crosses the sequence end holds the next sequence's V rows: zero them
+      // (both consumer warpgroups share the work, then meet on named barrier 1).
+      auto prepare_v = [&](int nb, int stage) {
+        const int valid = len_k - nb * BN;
+        if (!varlen || valid >= BN) return;
+        const int ctid = threadIdx.x - 128;
+        for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
+          const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
+          *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kKVBytes +
+                                    fwd_sm90_detail::swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();
+        named_barrier_sync(1, 128 * Cfg::kConsumerWarpgroups);
+      };
+
+      // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
+      // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
+      auto softmax = [&](int nb, float (&alpha)[2]) {
+        const int n0 = nb * BN;
+        const int64_t d_base = n0 + 2 * t - (m0 + row0 + offset);
+        if (modified) {
+          const float cap = p.softcap;
+          if (cap > 0.f) {
+            const float pre = p.softmax_scale / cap;
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] = cap * tanhf(s[i] * pre);
+          } else {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] *= p.softmax_scale;
+          }
+          if (p.alibi_slopes != nullptr) {
+            const float base = float(d_base);
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int k = j * 8 + (c % 2) - (c / 2) * 8;
+                s[4 * j + c] -= slope * fabsf(base + float(k));
+              }
+          }
+        }
+        const bool need_mask = n0 + BN > len_k ||
+                               (p.window_size_left >= 0 && n0 < last_row + offset - p.window_size_left) ||
+                               (p.window_size_right >= 0 && n0 + BN - 1 > m0 + offset + p.window_size_right);
+        if (need_mask) {
+          // Visible iff col < len_k and −window_size_left <= col − row − offset <= window_size_right,
+          // as compares of k = (col − row − offset) − d_base, |k| < 2^8, against clamped bounds.
+          constexpr int64_t kClamp = 1 << 20;
+          auto clamp = [](int64_t x) { return int(x < -kClamp ? -kClamp : (x > kClamp ? kClamp : x)); };
+          const int k_end = clamp(len_k - n0 - 2 * t);
+          const int k_lo = p.window_size_left >= 0 ? clamp(-p.window_size_left - d_base) : -int(kClamp);
+          const int k_hi = p.window_size_right >= 0 ? clamp(p.window_size_right - d_base) : int(kClamp);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int kc = j * 8 + (c % 2);
+              const int k = kc - (c / 2) * 8;
+              if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          float mx = row_max[hr];
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+          mx = quad_max(mx);
+          // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
+          // so exp2(−inf − base) = 0 instead of NaN.
+          const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+          alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
+          row_max[hr] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - base);
+            const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - base);
+            s[4 * j + 2 * hr] = p0;
+            s[4 * j + 2 * hr + 1] = p1;
+            sum += p0 + p1;
+          }
+          row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
+        }
+      };
+      // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
+      // accumulator and A-fragment layouts agree on rows, as for mma.sync).
+      auto pack_p = [&] {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
+          pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
+          pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
+          pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+      };
+
+      mbar_wait(q_full, 0);
+      int stage = 0;
+      uint32_t phase = 0;
+      float alpha[2];
+      // First tile: S, softmax; O is still zero, so nothing to rescale.
+      mbar_wait(k_full(stage), phase);
+      issue_qk(stage);
+      wgmma_wait<0>();
+      fence_s();
+      release(k_empty(stage));
+      softmax(nb_max - 1, alpha);
+      pack_p();
+
+      for (int nb = nb_max - 2; nb >= nb_min; --nb) {
+        const int next = stage + 1 == S ? 0 : stage + 1;
+        const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+        mbar_wait(k_full(next), next_phase);
+        issue_qk(next);
+        mbar_wait(v_full(stage), phase);
+        prepare_v(nb + 1, stage);
+        issue_pv(stage);
+        wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
+        fence_s();
+        release(k_empty(next));
+        softmax(nb, alpha);
+        wgmma_wait<0>();
+        fence_o();
+        release(v_empty(stage));
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j + 0] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+        pack_p();
+        stage = next;
+        phase = next_phase;
+      }
+      mbar_wait(v_full(stage), phase);
+      prepare_v(nb_min, stage);
+      issue_pv(stage);
+      wgmma_wait<0>();
+      fence_o();
+      release(v_empty(stage));
+    }
+
+    // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
+    // lse −inf. Each warp stages its own 16 rows in the same rows of the Q tile (no other warp
+    // reads them; the other warpgroup's wgmmas read only its own rows) and stores 16-byte chunks.
+    Storage* out_ptr = static_cast<Storage*>(p.out) + b * p.o_batch_stride + (q_start + m0) * p.o_row_stride +
+                       h * p.o_head_stride;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = quad_sum(row_sum[hr]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int row = row0 + hr * 8;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t packed = pack2<Elem>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+        *reinterpret_cast<uint32_t*>(smem + fwd_sm90_detail::swizzled_chunk<BM>(row, j) + 4 * t) = packed;
+      }
+      if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
+        const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
+      }
+    }
+    __syncwarp();
+    constexpr int kChunks = D / 8;
+#pragma unroll
+    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+      const int i = lane + it * 32;
+      const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
+      if (m0 + row < len_q && c * 8 < p.head_dim_v) {
+        const uint4 val = *reinterpret_cast<const uint4*>(smem + fwd_sm90_detail::swizzled_chunk<BM>(row, c));
+        *reinterpret_cast<uint4*>(out_ptr + row * p.o_row_stride + c * 8) = val;
+      }
+    }
+  }
+#endif
+}
+
+namespace fwd_sm90_detail {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || f == nullptr)
+      throw Error("cuda: expected the driver to provide cuTensorMapEncodeTiled (CUDA >= 12), got none");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of 64
+// columns x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
+// through, so any valid value stands in for them (TMA wants multiples of 16 bytes).
+template <typename Elem>
+CUtensorMap make_tensor_map(const char* name, const void* ptr, int64_t dim, int64_t rows, int64_t heads,
+                            int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                            int box_rows) {
+  auto fix = [](int64_t n, int64_t stride) { return n > 1 ? stride : 8; };
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(fix(rows, row_stride) * 2), cuuint64_t(fix(heads, head_stride) * 2),
+                                 cuuint64_t(fix(batch, batch_stride) * 2)};
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<Elem, BF16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode_tiled()(&map, type, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string(name) + ": cuTensorMapEncodeTiled refused the tensor (CUresult " + std::to_string(int(r)) +
+                ") although sm90_fwd_supported() accepted its layout");
+  return map;
+}
+
+}  // namespace fwd_sm90_detail
+
+template <typename Elem, int kHeadDim>
+void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
+  using Cfg = typename FwdSm90Traits<kHeadDim>::Config;
+  using namespace fwd_sm90_detail;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t nb = varlen ? 1 : batch;
+  const int hk = p.num_heads / p.head_ratio;
+  const CUtensorMap tq = make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
+                                               p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
+  const CUtensorMap tk = make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, hk, nb, p.k_row_stride, p.k_head_stride,
+                                               p.k_batch_stride, Cfg::kBlockN);
+  const CUtensorMap tv = make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
+                                               p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  auto kernel = fwd_sm90_kernel<Elem, Cfg>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv);
+  FA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashattn::cuda

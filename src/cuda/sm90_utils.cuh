@@ -1,0 +1,121 @@
+// PTX helpers of the Hopper (sm_90a) kernels: mbarriers, TMA bulk tensor copies, wgmma and its
+// shared-memory descriptors, setmaxnreg and named barriers. Each is one instruction, as in
+// kernel_utils.cuh, so that the kernels read like FlashAttention-3 (Shah et al. 2024, Sec. 3)
+// and the SASS stays predictable.
+//
+// Shared-memory tiles of the sm90 kernels use the 128-byte swizzle that TMA writes and wgmma
+// reads (PTX ISA, "Shared Memory Matrix Layout", Swizzle<3,4,3>): a tile of R rows x C 16-bit
+// columns is stored as C/64 column panels of R rows x 128 bytes, the 16-byte chunk c of row r at
+// r * 128 + ((c ^ r) & 7) * 16, each panel 1024-byte aligned. One TMA box fills one panel.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernel_utils.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// Compiled only in the sm_90a pass: wgmma and setmaxnreg do not exist elsewhere, and the kernels
+// guard their bodies with this so that the sm_80 pass of the same translation unit compiles.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASHATTN_SM90_ENABLED 1
+#endif
+
+// ---- mbarriers (PTX ISA 9.7.13.15) --------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the initialized barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the phase with parity `parity` has completed. A fresh barrier counts the phase
+// before its first as complete, so producers start waiting on "empty" barriers with parity 1.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- TMA ------------------------------------------------------------------------------------------
+// 4-d tile copy global -> shared (coordinates innermost first, in elements), completing `bytes`
+// on `bar`. Elements outside the tensor's dims arrive as zeros.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Orders this thread's ordinary shared-memory writes before later async-proxy (wgmma, TMA) reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- warpgroup control ----------------------------------------------------------------------------
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma (PTX ISA 9.7.15) -----------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins a register between asynchronous wgmma regions: the compiler may not move reads or writes
+// of `x` across this point (wgmma reads and writes its registers after the issuing instruction).
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address >> 4 in bits
+// 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle mode in
+// 62-63 (1 = 128-byte). For the 128-byte swizzle:
+//   K-major (Q, K): SBO = 1024 (8 rows of 128 bytes); LBO unused (one k-step of 16 elements
+//                   stays inside a row); the k-step within a panel adds 32 bytes to the start.
+//   MN-major (V):   SBO = 1024 (8 key rows), LBO = distance between 64-column panels.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+template <typename Elem, int N>
+struct Wgmma;
+#include "cuda/sm90_wgmma_ops.inc"
+
+}  // namespace flashattn::cuda::sm90
