@@ -3,7 +3,8 @@
 wgmma forms the sm90 kernels use (PTX ISA, "wgmma.mma_async"):
 
   ss: D(64xN, f32) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)      (S = Q K^T)
-  rs: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, MN-major)     (O += P V)
+  rs: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, MN-major)     (O += P V, dV += Pᵀ dO)
+  tt: D(64xN, f32) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)     (dQ += dS K)
 
 The accumulator list has N/2 registers per thread, which is why this is generated rather than
 written out: the operand lists are long and must match the register arrays exactly.
@@ -30,6 +31,15 @@ def emit(tag, ptx_type, n):
     out.append('    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc)
     out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "')
     out.append(f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n"')
+    out.append(f'        : {acc_ops}')
+    out.append('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
+    out.append("  }")
+    # tt: both operands MN-major (transposed)
+    out.append(
+        "  __device__ __forceinline__ static void tt(float (&d)[%d], uint64_t desc_a, uint64_t desc_b, int accumulate) {" % nacc)
+    out.append('    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc)
+    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "')
+    out.append(f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, 1, 1;\\n}}\\n"')
     out.append(f'        : {acc_ops}')
     out.append('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
     out.append("  }")

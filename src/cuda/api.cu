@@ -112,29 +112,54 @@ int device_cc(int device) {
 // a bucket is built, and every tensor fits a TMA map: strides of dims longer than 1 positive and
 // below 2^40 bytes, rows below 2^31 (TMA coordinates are int32). FLASHATTN_CUDA_FWD=sm80 forces
 // the sm80 kernel (tests and benchmarks cover both on one GPU).
-const FwdSm90Kernel* pick_fwd_sm90(const detail::Params& p) {
-  if (const char* force = std::getenv("FLASHATTN_CUDA_FWD"); force != nullptr && std::string(force) == "sm80")
-    return nullptr;
+bool forced_sm80(const char* env) {
+  const char* force = std::getenv(env);
+  return force != nullptr && std::string(force) == "sm80";
+}
+
+// Whether the current device runs the sm_90a image (exactly compute capability 9.0).
+bool on_sm90() {
   int device = 0;
   FA_CUDA_CHECK(cudaGetDevice(&device));
-  if (device_cc(device) != 90) return nullptr;
+  return device_cc(device) == 90;
+}
+
+// Whether q, k, v (and dout in the backward) fit TMA maps: strides of dims longer than 1 positive
+// and below 2^40 bytes, rows below 2^31 (TMA coordinates are int32).
+bool tma_fits(const detail::Params& p, bool bwd) {
+  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;  // elements of 2 bytes: < 2^40 bytes
+  auto fits = [&](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride <= kMaxStride); };
+  const int64_t nb = p.is_varlen ? 1 : p.batch;
+  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) return false;
+  bool ok = fits(p.rows_q, p.q_row_stride) && fits(p.num_heads, p.q_head_stride) && fits(nb, p.q_batch_stride) &&
+            fits(p.rows_k, p.k_row_stride) && fits(p.num_heads_k, p.k_head_stride) && fits(nb, p.k_batch_stride) &&
+            fits(p.rows_k, p.v_row_stride) && fits(p.num_heads_k, p.v_head_stride) && fits(nb, p.v_batch_stride);
+  if (bwd)
+    ok = ok && fits(p.rows_q, p.do_row_stride) && fits(p.num_heads, p.do_head_stride) && fits(nb, p.do_batch_stride);
+  return ok;
+}
+
+// The Hopper forward covers a call when the device is sm_90 (the sm_90a image needs exactly 9.0),
+// a bucket is built, and the tensors fit TMA maps. FLASHATTN_CUDA_FWD=sm80 forces the sm80 kernel
+// (tests and benchmarks cover both on one GPU).
+const FwdSm90Kernel* pick_fwd_sm90(const detail::Params& p) {
+  if (forced_sm80("FLASHATTN_CUDA_FWD") || !on_sm90()) return nullptr;
   const int64_t need = std::max(p.head_dim, p.head_dim_v);
   const FwdSm90Kernel* best = nullptr;
   for (const FwdSm90Kernel& k : kFwdSm90Kernels) {
     if (k.launch == nullptr || k.dtype != p.dtype || k.head_dim < need) continue;
     if (best == nullptr || k.head_dim < best->head_dim) best = &k;
   }
-  if (best == nullptr) return nullptr;
-  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;  // elements of 2 bytes: < 2^40 bytes
-  auto fits = [&](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride <= kMaxStride); };
-  const int64_t nb = p.is_varlen ? 1 : p.batch;
-  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) return nullptr;
-  const bool ok = fits(p.rows_q, p.q_row_stride) && fits(p.num_heads, p.q_head_stride) && fits(nb, p.q_batch_stride) &&
-                  fits(p.rows_k, p.k_row_stride) && fits(p.num_heads_k, p.k_head_stride) &&
-                  fits(nb, p.k_batch_stride) && fits(p.rows_k, p.v_row_stride) &&
-                  fits(p.num_heads_k, p.v_head_stride) && fits(nb, p.v_batch_stride);
-  return ok ? best : nullptr;
+  return best != nullptr && tma_fits(p, false) ? best : nullptr;
 }
+
+#ifdef FLASHATTN_CUDA_HAS_BWD
+// The Hopper dK/dV kernel: sm_90, head_dim bucket 64 or 128, not deterministic, TMA-able tensors.
+// FLASHATTN_CUDA_BWD=sm80 forces the sm80 one.
+bool use_bwd_sm90(const detail::Params& p) {
+  return !forced_sm80("FLASHATTN_CUDA_BWD") && bwd_sm90_covers(p) && on_sm90() && tma_fits(p, true);
+}
+#endif
 
 // The smallest shipped bucket that holds both head dims, or nullptr.
 const FwdKernel* pick_fwd(const detail::Params& p) {
@@ -413,7 +438,8 @@ Plan plan(const detail::Params& p, Pass pass) {
         result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
-      result.kernel = "cuda_bwd_sm80_mma_hdim" + std::to_string(bwd_sm80_head_dim_bucket(p));
+      result.kernel = std::string(use_bwd_sm90(p) ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
+                      std::to_string(bwd_sm80_head_dim_bucket(p));
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
       return result;
@@ -459,7 +485,7 @@ void backward(const detail::Params& p) {
   if (auto reason = check_common(p, Pass::backward)) throw Error(*reason);
   const Lengths l = varlen_lengths(p);
   if (!l.error.empty()) throw Error(l.error);
-  run_bwd_sm80(p, static_cast<cudaStream_t>(p.stream));
+  run_bwd_sm80(p, static_cast<cudaStream_t>(p.stream), use_bwd_sm90(p));
 #else
   (void)p;
   throw Error("backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)");

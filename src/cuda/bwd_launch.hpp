@@ -17,7 +17,13 @@ namespace flashattn::cuda {
 // Working memory (fp32 D = rowsum(dout ∘ out), lse·log2(e), and the dq accumulator) is taken with
 // cudaMallocAsync on the stream and released on it. Throws flashattn::Error with CUDA's message when
 // an allocation or a launch fails, or when the device lacks the shared memory a kernel needs.
-void run_bwd_sm80(const detail::Params& p, cudaStream_t stream);
+// use_sm90: run the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh) instead of the sm80 one; the
+// caller (api.cu) decides it with bwd_sm90_covers().
+void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90 = false);
+
+// Whether this build's Hopper dK/dV kernel covers p (head_dim bucket 64 or 128, not deterministic);
+// the device and tensor-map checks are api.cu's.
+bool bwd_sm90_covers(const detail::Params& p);
 
 // The head_dim bucket run_bwd_sm80 uses for p (64, 128 or 256): max(head_dim, head_dim_v) rounded up.
 int bwd_sm80_head_dim_bucket(const detail::Params& p);

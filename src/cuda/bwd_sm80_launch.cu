@@ -200,7 +200,16 @@ int bwd_sm80_smem_bytes(const detail::Params& p) {
   return bytes;
 }
 
-void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
+bool bwd_sm90_covers(const detail::Params& p) {
+#ifdef FLASHATTN_CUDA_BWD_SM90
+  return !p.deterministic && bwd_sm80_head_dim_bucket(p) <= 128;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   BwdParams bp = make_bwd_params(p);
   if (bp.batch == 0) return;
 
@@ -235,7 +244,17 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream) {
     }
     dispatch_head_dim(bucket, [&](auto hdim) {
       constexpr int kHeadDim = decltype(hdim)::value;
-      if (bp.seqlen_k > 0) launch_bwd_sm80<Elem, kHeadDim, false>(bp, stream);
+      if (bp.seqlen_k > 0) {
+#ifdef FLASHATTN_CUDA_BWD_SM90
+        if constexpr (kHeadDim <= 128) {
+          if (use_sm90) {
+            launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+            return;
+          }
+        }
+#endif
+        launch_bwd_sm80<Elem, kHeadDim, false>(bp, stream);
+      }
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
     });
     if (!p.deterministic && row_grid.x > 0) {

@@ -125,3 +125,31 @@ template <typename Elem, int kHeadDim, bool kDqMode>
 void launch_bwd_sm80(const BwdParams& p, void* stream);
 
 }  // namespace flashattn::cuda
+
+namespace flashattn::cuda {
+
+// Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
+// keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m = 64 query
+// rows per step through kStages TMA buffers. Registers per consumer thread (240): dK and dV
+// accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ partial 32. head_dim 256
+// does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
+//   hdim 64:  smem 16 + 16 (K, V) + 2 · (8 + 8) (Q, dO) + 32 (dSᵀ, 2 buffers) ≈ 97 KB.
+//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 32 ≈ 161 KB.
+template <int kHeadDim_>
+struct BwdSm90Config {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = 64, kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
+  static constexpr int kStatBytes = kBlockM * 4;            // one stage of lse·log2e or D
+  static constexpr int kSmemBytes =
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kStatBytes + 256 + 1024;
+};
+
+// Launches the Hopper dK/dV kernel (dq accumulated into p.dq_accum with fp32 atomics) for one
+// (element type, head_dim bucket 64 or 128); instantiated in the generated bwd_sm90_<dtype>_hdim<d>.cu.
+template <typename Elem, int kHeadDim>
+void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream);
+
+}  // namespace flashattn::cuda

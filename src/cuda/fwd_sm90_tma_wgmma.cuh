@@ -196,9 +196,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
       };
+      // After the P V product completes: O is final for this tile, and P's registers (read by the
+      // tensor cores until now) may be reused.
       auto fence_o = [&] {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
       };
       auto release = [&](uint32_t bar) {
         __syncwarp();
@@ -382,60 +388,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-namespace fwd_sm90_detail {
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || f == nullptr)
-      throw Error("cuda: expected the driver to provide cuTensorMapEncodeTiled (CUDA >= 12), got none");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of 64
-// columns x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
-// through, so any valid value stands in for them (TMA wants multiples of 16 bytes).
-template <typename Elem>
-CUtensorMap make_tensor_map(const char* name, const void* ptr, int64_t dim, int64_t rows, int64_t heads,
-                            int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                            int box_rows) {
-  auto fix = [](int64_t n, int64_t stride) { return n > 1 ? stride : 8; };
-  CUtensorMap map;
-  const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(fix(rows, row_stride) * 2), cuuint64_t(fix(heads, head_stride) * 2),
-                                 cuuint64_t(fix(batch, batch_stride) * 2)};
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<Elem, BF16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode_tiled()(&map, type, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(std::string(name) + ": cuTensorMapEncodeTiled refused the tensor (CUresult " + std::to_string(int(r)) +
-                ") although sm90_fwd_supported() accepted its layout");
-  return map;
-}
-
-}  // namespace fwd_sm90_detail
-
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
   using Cfg = typename FwdSm90Traits<kHeadDim>::Config;
-  using namespace fwd_sm90_detail;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t nb = varlen ? 1 : batch;
   const int hk = p.num_heads / p.head_ratio;
-  const CUtensorMap tq = make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
+  const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
                                                p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
-  const CUtensorMap tk = make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, hk, nb, p.k_row_stride, p.k_head_stride,
+  const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, hk, nb, p.k_row_stride, p.k_head_stride,
                                                p.k_batch_stride, Cfg::kBlockN);
-  const CUtensorMap tv = make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
+  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
                                                p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));

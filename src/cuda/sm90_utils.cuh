@@ -12,8 +12,13 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
+#include <cudaTypedefs.h>
 
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/cuda_check.hpp"
 #include "cuda/kernel_utils.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -68,6 +73,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// 1-d bulk copy global -> shared of `bytes` (a multiple of 16; both addresses 16-byte aligned),
+// completing on `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -117,5 +130,44 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
 template <typename Elem, int N>
 struct Wgmma;
 #include "cuda/sm90_wgmma_ops.inc"
+
+// ---- host: TMA tensor maps --------------------------------------------------------------------------
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || f == nullptr)
+      throw Error("cuda: expected the driver to provide cuTensorMapEncodeTiled (CUDA >= 12), got none");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of 64
+// columns x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
+// through, so any valid value stands in for them (TMA wants multiples of 16 bytes).
+template <typename Elem>
+CUtensorMap make_tensor_map(const char* name, const void* ptr, int64_t dim, int64_t rows, int64_t heads,
+                            int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                            int box_rows) {
+  auto fix = [](int64_t n, int64_t stride) { return n > 1 ? stride : 8; };
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(fix(rows, row_stride) * 2), cuuint64_t(fix(heads, head_stride) * 2),
+                                 cuuint64_t(fix(batch, batch_stride) * 2)};
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<Elem, BF16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode_tiled()(&map, type, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string(name) + ": cuTensorMapEncodeTiled refused the tensor (CUresult " + std::to_string(int(r)) +
+                ") although the dispatch accepted its layout");
+  return map;
+}
 
 }  // namespace flashattn::cuda::sm90

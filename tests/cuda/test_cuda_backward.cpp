@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <string>
 #include <vector>
 
@@ -74,6 +77,28 @@ std::vector<BwdCase> backward_cases() {
       c.lens_k = {33, 7, 130, 0};
       c.causal = true;
       add(c);
+      if (det) continue;
+      // Many query tiles per key tile, GQA groups of 4, varlen tiles that cross into the next
+      // sequence's rows, and softcap + ALiBi over several tiles (the Hopper dK/dV kernel's loops).
+      c = base(dt, 2, 300, 517, 8, 2, 128);
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 700, 300, 4, 1, 64);
+      c.window_size_left = 100;
+      c.window_size_right = 50;
+      add(c);
+      c = base(dt, 0, 0, 0, 4, 2, 128);
+      c.lens_q = {517, 300, 1, 260};
+      c.lens_k = {300, 1029, 129, 70};
+      add(c);
+      c.head_dim = 64;
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 333, 333, 2, 2, 64);
+      c.softcap = 15.0f;
+      c.alibi = Alibi::per_head;
+      c.causal = true;
+      add(c);
     }
   }
   return cases;
@@ -112,6 +137,32 @@ TEST_P(CudaBackward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward, ::testing::ValuesIn(backward_cases()),
                          [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
+
+// plan() names the backward kernel: the Hopper dK/dV kernel on sm_90 for head_dim <= 128 unless
+// deterministic (or FLASHATTN_CUDA_BWD=sm80), the sm80 kernels otherwise.
+TEST(CudaBackwardMisc, KernelChoice) {
+  FLASHATTN_REQUIRE_GPU();
+  int major = 0, minor = 0;
+  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
+  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, current_device()));
+  const char* force = std::getenv("FLASHATTN_CUDA_BWD");
+  const bool forced = force != nullptr && std::string(force) == "sm80";
+#ifdef FLASHATTN_TEST_CUDA_SM90
+  const bool sm90 = major * 10 + minor == 90 && !forced;
+#else
+  const bool sm90 = false;
+#endif
+  for (bool det : {false, true}) {
+    ProblemConfig c = base(DType::bf16, 1, 64, 64, 2, 2, 128);
+    c.deterministic = det;
+    Problem pr(c, fresh_seed());
+    GpuProblem g(pr, GpuLayout::contiguous);
+    const Plan pl = plan(g.params(), Pass::backward);
+    ASSERT_TRUE(pl.ok) << pl.reason;
+    EXPECT_EQ(pl.kernel, sm90 && !det ? "cuda_bwd_sm90_tma_wgmma_hdim128" : "cuda_bwd_sm80_mma_hdim128");
+    if (!det) std::printf("[   INFO   ] backward kernel on cc %d.%d: %s\n", major, minor, pl.kernel.c_str());
+  }
+}
 
 // deterministic = true: 100 runs give bitwise the same dq, dk, dv (GQA, so dk/dv sum over heads).
 TEST(CudaBackwardMisc, Deterministic100RunsBitwiseEqual) {

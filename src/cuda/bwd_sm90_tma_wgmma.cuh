@@ -1,0 +1,392 @@
+// FlashAttention backward dK/dV kernel on Hopper (sm_90a): TMA, mbarriers, wgmma and warp
+// specialization (FlashAttention-3, Shah et al. 2024, Sec. 3 and Appendix B.1; the math is
+// FA-2's Alg. 2, as in the sm80 kernel, which stays for head_dim 256 and the deterministic mode).
+//
+// One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups:
+//   - the producer (warpgroup 0, 24 registers) loads K and V once, then for every query tile
+//     that sees the block's keys, for every query head of the GQA group, Q, dO (TMA) and the
+//     tile's lse·log2e and D = rowsum(dO ∘ O) (1-d bulk copies) into kStages buffers;
+//   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile of 64 rows:
+//       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
+//       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)
+//       dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
+//       dV += Pᵀ dO, dK += dSᵀ Q                   wgmma with Pᵀ / dSᵀ from registers
+//       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A),
+//                                                  fp32 vector atomics into the workspace
+//     dK = scale · dK at the end.
+// head_dim 128 splits the dQ product's columns between the two consumers (each reads all 128
+// keys of dSᵀ, so they meet on a named barrier); head_dim 64 splits its keys instead (each adds
+// a partial dQ over its own 64 keys, so each warpgroup only waits for itself).
+//
+// Rows past a sequence's end: TMA zero-fills rows outside a tensor, but varlen tiles that cross
+// a sequence end hold the next sequence's rows; they are zeroed in shared memory before any
+// product that could multiply them by 0 (0 · inf = NaN), and masked elements get P = dS = 0.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/bwd_traits.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/sm90_utils.cuh"
+
+namespace flashattn::cuda {
+
+template <typename Elem, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tmap_q,
+                    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                    const __grid_constant__ CUtensorMap tmap_do) {
+#ifdef FLASHATTN_SM90_ENABLED
+  using namespace sm90;
+  using Storage = typename Elem::Storage;
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, BM = Cfg::kBlockM, S = Cfg::kStages;
+  constexpr int kPanels = D / 64;
+  constexpr bool kDqSplitN = D >= 128;  // else split the dQ product's keys (see the file comment)
+  constexpr float kLog2e = 1.4426950408889634f;
+  static_assert(BM == 64 && BN == 128, "one 128-byte panel of dSᵀ per key row; two 64-key consumers");
+
+  const int heads_k = p.num_heads_k;
+  const int b = blockIdx.x / heads_k, hk = blockIdx.x % heads_k;
+  const int n0 = blockIdx.y * BN;
+  int64_t q_start = 0, k_start = 0;
+  int len_q = p.seqlen_q, len_k = p.seqlen_k;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen) {
+    q_start = p.cu_seqlens_q[b];
+    len_q = p.cu_seqlens_q[b + 1] - int(q_start);
+    k_start = p.cu_seqlens_k[b];
+    len_k = p.cu_seqlens_k[b + 1] - int(k_start);
+  }
+  if (n0 >= len_k) return;
+  const int tma_batch = varlen ? 0 : b;
+  const int off = p.align_bottom_right ? len_k - len_q : 0;
+  const int wl = p.window_size_left, wr = p.window_size_right;
+
+  // Query tiles that see any of keys [n0, j_last] (as in the sm80 kernel).
+  const int j_last = min(n0 + BN, len_k) - 1;
+  const int i_lo = wr >= 0 ? max(0, n0 - off - wr) : 0;
+  const int i_hi = wl >= 0 ? min(len_q, j_last - off + wl + 1) : len_q;
+  const int first = i_hi > i_lo ? i_lo / BM : 0;
+  const int count = i_hi > i_lo ? (i_hi + BM - 1) / BM - first : 0;
+  const int iters = count * p.head_ratio;
+  auto head_of = [&](int t) { return hk * p.head_ratio + t / count; };
+  auto m0_of = [&](int t) { return (first + t % count) * BM; };
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t sK = base, sV = sK + Cfg::kKVBytes;
+  const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
+  const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
+  const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [S][lse, dsum][BM] floats
+  const uint32_t bars = sStat0 + 2 * S * Cfg::kStatBytes;
+  auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
+  auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
+  auto sLse = [&](int s) { return sStat0 + (2 * s) * Cfg::kStatBytes; };
+  auto sDsum = [&](int s) { return sStat0 + (2 * s + 1) * Cfg::kStatBytes; };
+  const uint32_t kv_full = bars;
+  auto full = [&](int s) { return bars + 8 * (1 + s); };
+  auto empty = [&](int s) { return bars + 8 * (1 + S + s); };
+  auto gptr = [&](uint32_t a) { return smem + (a - base); };
+
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------------------------------------------------------- producer warpgroup
+    setmaxnreg_dec<24>();
+    if (threadIdx.x == 0 && count > 0) {
+      prefetch_tensormap(&tmap_q);
+      prefetch_tensormap(&tmap_do);
+      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn) {
+        tma_load_4d(sK + pn * BN * 128, &tmap_k, kv_full, pn * 64, int(k_start) + n0, hk, tma_batch);
+        tma_load_4d(sV + pn * BN * 128, &tmap_v, kv_full, pn * 64, int(k_start) + n0, hk, tma_batch);
+      }
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = 0; t < iters; ++t) {
+        const int h = head_of(t), m0 = m0_of(t);
+        mbar_wait(empty(s), phase ^ 1);
+        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes + 2 * Cfg::kStatBytes);
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn) {
+          tma_load_4d(sQ(s) + pn * BM * 128, &tmap_q, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
+          tma_load_4d(sDO(s) + pn * BM * 128, &tmap_do, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
+        }
+        // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds.
+        const int64_t stat = (int64_t(b) * p.num_heads + h) * p.stat_rows + m0;
+        bulk_load(sLse(s), p.lse_log2 + stat, Cfg::kStatBytes, full(s));
+        bulk_load(sDsum(s), p.dsum + stat, Cfg::kStatBytes, full(s));
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    setmaxnreg_inc<240>();
+    const int cw = threadIdx.x / 128 - 1;  // keys cw*64 .. cw*64+63 of the block
+    const int ctid = threadIdx.x - 128;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    const int kr0 = cw * 64 + warp * 16 + g;  // this thread's key rows: kr0 and kr0 + 8
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+    const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
+    const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
+
+    // Zeroes rows [valid, rows) of a swizzled tile (both consumers share it; named barrier 1).
+    auto zero_rows = [&](uint32_t tile, int rows, int valid) {
+      for (int i = ctid; i < (rows - valid) * kPanels * 8; i += 256) {
+        const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
+        *reinterpret_cast<uint4*>(gptr(tile) + (c >> 3) * rows * 128 + r * 128 + (((c ^ r) & 7) << 4)) =
+            make_uint4(0, 0, 0, 0);
+      }
+    };
+
+    if (count > 0) {
+      mbar_wait(kv_full, 0);
+      if (varlen && len_k - n0 < BN) {
+        zero_rows(sK, BN, len_k - n0);
+        zero_rows(sV, BN, len_k - n0);
+        fence_proxy_async();
+        named_barrier_sync(1, 256);
+      }
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = 0; t < iters; ++t) {
+        const int h = head_of(t), m0 = m0_of(t);
+        mbar_wait(full(s), phase);
+        if (varlen && len_q - m0 < BM) {
+          zero_rows(sQ(s), BM, len_q - m0);
+          zero_rows(sDO(s), BM, len_q - m0);
+          fence_proxy_async();
+          named_barrier_sync(1, 256);
+        }
+
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: M = this warpgroup's 64 keys, N = 64 queries, K = head_dim.
+        float st[BM / 2], dp[BM / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t ka = (kk / 4) * BN * 128 + cw * 64 * 128 + (kk % 4) * 32;
+          const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
+          Wgmma<Elem, BM>::ss(st, make_desc(sK + ka, 16, 1024), make_desc(sQ(s) + qa, 16, 1024), kk > 0);
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t ka = (kk / 4) * BN * 128 + cw * 64 * 128 + (kk % 4) * 32;
+          const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
+          Wgmma<Elem, BM>::ss(dp, make_desc(sV + ka, 16, 1024), make_desc(sDO(s) + qa, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) {
+          fence_operand(st[i]);
+          fence_operand(dp[i]);
+        }
+
+        // Pᵀ and dSᵀ element by element: key row kr0 + 8·(e / 2), query column 8j + 2·t4 + e % 2.
+        const float* lse = reinterpret_cast<const float*>(gptr(sLse(s)));
+        const float* dsum = reinterpret_cast<const float*>(gptr(sDsum(s)));
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+        const int kn0 = n0 + cw * 64;
+        const bool full_tile = m0 + BM <= len_q && kn0 + 64 <= len_k && (wl < 0 || kn0 >= m0 + BM - 1 + off - wl) &&
+                               (wr < 0 || kn0 + 63 <= m0 + off + wr);
+        auto scores = [&](auto modified_c, auto edge_c) {
+          constexpr bool kModified = decltype(modified_c)::value, kEdge = decltype(edge_c)::value;
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t4);
+            const float2 d2 = *reinterpret_cast<const float2*>(dsum + 8 * j + 2 * t4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = 8 * j + 2 * t4 + (e & 1);
+              const int i = m0 + col, jk = n0 + kr0 + (e >> 1) * 8;
+              const float lv = (e & 1) ? l2.y : l2.x, dv_ = (e & 1) ? d2.y : d2.x;
+              float pv, dtanh = 1.f;
+              if constexpr (!kModified) {
+                pv = fast_exp2(st[4 * j + e] * scale_log2 - lv);
+              } else {
+                float x = st[4 * j + e] * scale;
+                if (cap > 0.f) {
+                  const float th = tanhf(x / cap);
+                  x = cap * th;
+                  dtanh = 1.f - th * th;
+                }
+                x -= slope * fabsf(static_cast<float>(i + off - jk));
+                pv = fast_exp2(x * kLog2e - lv);
+              }
+              float ds = pv * (dp[4 * j + e] - dv_) * dtanh;
+              if constexpr (kEdge) {
+                const bool vis = (i < len_q) & (jk < len_k) & ((wl < 0) | (jk >= i + off - wl)) &
+                                 ((wr < 0) | (jk <= i + off + wr));
+                pv = vis ? pv : 0.f;
+                ds = vis ? ds : 0.f;
+              }
+              st[4 * j + e] = pv;
+              dp[4 * j + e] = ds;
+            }
+          }
+        };
+        if (modified) {
+          if (full_tile) scores(std::true_type{}, std::false_type{});
+          else scores(std::true_type{}, std::true_type{});
+        } else {
+          if (full_tile) scores(std::false_type{}, std::false_type{});
+          else scores(std::false_type{}, std::true_type{});
+        }
+
+        // Pᵀ and dSᵀ as A operands (k-step kk = queries 16kk .. 16kk+15), and dSᵀ into shared
+        // memory for the dQ product.
+        uint32_t pf[BM / 16][4], dsf[BM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pf[kk][r] = pack2<Elem>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+            dsf[kk][r] = pack2<Elem>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+          }
+        const uint32_t sDS = sDS0 + (t & 1) * Cfg::kDsBytes;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = kr0 + hr * 8;
+            *reinterpret_cast<uint32_t*>(gptr(sDS) + r * 128 + (((j ^ r) & 7) << 4) + 4 * t4) =
+                dsf[j / 2][(j & 1) * 2 + hr];
+          }
+        fence_proxy_async();
+
+        // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+          Wgmma<Elem, D>::rs(dv, pf[kk], make_desc(sDO(s) + kk * 16 * 128, BM * 128, 1024), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+          Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), 1);
+        wgmma_commit();
+
+        // dQ (64 queries x 64 columns per warpgroup) = dS K: A = dSᵀ read MN-major, B = K MN-major.
+        if constexpr (kDqSplitN) named_barrier_sync(1, 256);
+        else named_barrier_sync(2 + cw, 128);
+        float dq[32];
+        wgmma_fence();
+        if constexpr (kDqSplitN) {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            Wgmma<Elem, 64>::tt(dq, make_desc(sDS + kk * 16 * 128, 1024, 1024),
+                                make_desc(sK + cw * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            Wgmma<Elem, 64>::tt(dq, make_desc(sDS + (cw * 64 + kk * 16) * 128, 1024, 1024),
+                                make_desc(sK + (cw * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) {
+          fence_operand(dk[i]);
+          fence_operand(dv[i]);
+        }
+        // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            fence_operand(pf[kk][r]);
+            fence_operand(dsf[kk][r]);
+          }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
+
+        // dq_accum [b, h, stat_rows, head_dim] += dQ: query row warp*16 + g + 8hr, column
+        // col0 + 8j + 2·t4 (+1), as 8-byte vector atomics.
+        const int col0 = kDqSplitN ? cw * 64 : 0;
+        float* dqa = p.dq_accum + ((int64_t(b) * p.num_heads + h) * p.stat_rows + m0) * p.head_dim;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int row = warp * 16 + g + hr * 8, col = col0 + 8 * j + 2 * t4;
+            if (row < len_q - m0 && col < p.head_dim)
+              atomicAdd(reinterpret_cast<float2*>(dqa + int64_t(row) * p.head_dim + col),
+                        make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
+          }
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+
+    // Epilogue: dK = scale · dK and dV, straight from the accumulators (key row kr0 + 8hr,
+    // column 8j + 2·t4); rows past the sequence end are not written.
+    Storage* dk_ptr = static_cast<Storage*>(p.dk) + b * p.dk_batch_stride + (k_start + n0) * p.dk_row_stride +
+                      hk * p.dk_head_stride;
+    Storage* dv_ptr = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + n0) * p.dv_row_stride +
+                      hk * p.dv_head_stride;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = kr0 + hr * 8, col = 8 * j + 2 * t4;
+        if (row >= len_k - n0) continue;
+        if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(dk_ptr + row * p.dk_row_stride + col) =
+              pack2<Elem>(dk[4 * j + 2 * hr] * scale, dk[4 * j + 2 * hr + 1] * scale);
+        if (col < p.head_dim_v)
+          *reinterpret_cast<uint32_t*>(dv_ptr + row * p.dv_row_stride + col) =
+              pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
+      }
+  }
+#endif
+}
+
+template <typename Elem, int kHeadDim>
+void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
+  using Cfg = BwdSm90Config<kHeadDim>;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t nb = varlen ? 1 : p.batch;
+  const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
+                                                     p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
+  const CUtensorMap tdo = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb,
+                                                      p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+                                                      Cfg::kBlockM);
+  const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride,
+                                                     p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
+  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
+                                                     p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  auto kernel = bwd_sm90_kernel<Elem, Cfg>;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv, tdo);
+  FA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashattn::cuda
