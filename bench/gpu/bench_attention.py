@@ -55,20 +55,26 @@ def make_inputs(b, s, h, hk, d, dtype):
 
 # ---- the contenders: each returns (fwd_fn, bwd_fn) over [batch, seqlen, heads, dim] inputs ----
 
-def ours(q, k, v, do, causal, variant=None, fwd_kernel=None):
+_OUR_ENV_KNOBS = set()
+
+
+def ours(q, k, v, do, causal, variant=None, fwd_kernel=None, env=None):
     """Through the package's public flash_attn_func (its op layer is an internal detail).
-    fwd_kernel="sm80" forces the sm80 forward on a Hopper GPU (FLASHATTN_CUDA_FWD)."""
+    fwd_kernel="sm80" forces the sm80 forward on a Hopper GPU (FLASHATTN_CUDA_FWD); env sets other
+    kernel-selection variables (e.g. FLASHATTN_SM90_FWD_VARIANT) for this contender only."""
     import flashattn
 
+    env = dict(env or {})
+    if variant is not None:  # a FLASHATTN_CUDA_FWD_SWEEP build's alternative tile configuration
+        env["FLASHATTN_FWD_VARIANT"] = str(variant)
+    if fwd_kernel is not None:
+        env["FLASHATTN_CUDA_FWD"] = fwd_kernel
+    _OUR_ENV_KNOBS.update(env, {"FLASHATTN_FWD_VARIANT", "FLASHATTN_CUDA_FWD"})
+
     def select():
-        if variant is not None:  # a FLASHATTN_CUDA_FWD_SWEEP build's alternative tile configuration
-            os.environ["FLASHATTN_FWD_VARIANT"] = str(variant)
-        else:
-            os.environ.pop("FLASHATTN_FWD_VARIANT", None)
-        if fwd_kernel is not None:
-            os.environ["FLASHATTN_CUDA_FWD"] = fwd_kernel
-        else:
-            os.environ.pop("FLASHATTN_CUDA_FWD", None)
+        for name in _OUR_ENV_KNOBS:
+            os.environ.pop(name, None)
+        os.environ.update(env)
 
     def fwd():
         select()
@@ -80,6 +86,7 @@ def ours(q, k, v, do, causal, variant=None, fwd_kernel=None):
     out = flashattn.flash_attn_func(qg, kg, vg, causal=causal)
 
     def bwd():
+        select()
         return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
     return fwd, bwd
@@ -163,6 +170,8 @@ def main():
     ap.add_argument("--ours-variants", default="", help="also time these FLASHATTN_FWD_VARIANT values (sweep builds)")
     ap.add_argument("--peers", default="fa2,cudnn,flex", help="which peers to run")
     ap.add_argument("--ours-sm80", action="store_true", help="also time our sm80 forward on a Hopper GPU")
+    ap.add_argument("--ours-env", action="append", default=[],
+                    help="LABEL=VAR=VALUE[;VAR=VALUE]: also time ours with these environment variables")
     ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     args = ap.parse_args()
@@ -176,6 +185,10 @@ def main():
         contenders["ours"] = ours
         for var in [int(x) for x in args.ours_variants.split(",") if x]:
             contenders[f"ours_v{var}"] = (lambda var: lambda q, k, v, do, c: ours(q, k, v, do, c, var))(var)
+        for spec in args.ours_env:
+            label, _, assigns = spec.partition("=")
+            env = dict(a.split("=", 1) for a in assigns.split(";") if a)
+            contenders[f"ours_{label}"] = (lambda env: lambda q, k, v, do, c: ours(q, k, v, do, c, env=env))(env)
         if args.ours_sm80:
             contenders["ours_sm80"] = lambda q, k, v, do, c: ours(q, k, v, do, c, fwd_kernel="sm80")
     except Exception as e:  # report, keep benchmarking the peers

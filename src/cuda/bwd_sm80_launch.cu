@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -94,13 +95,16 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_postprocess_kernel(const _
   const RowOfWarp r = row_of_warp(p);
   if (!r.active || !r.valid) return;
   const int lane = threadIdx.x % 32, b = blockIdx.y;
-  const float* src = p.dq_accum + r.stat * p.head_dim;
+  // Row i of (b, h): stat = (b * num_heads + h) * stat_rows + i. Eight consecutive columns
+  // (c % 8 == 0) stay contiguous and 32-byte aligned in either accumulator layout.
+  const int64_t head_base = (r.stat - r.i) * (p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim);
   Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + r.q_row * p.dq_row_stride +
                  r.h * p.dq_head_stride;
   const float s = p.softmax_scale;
   for (int c = lane * 8; c < p.head_dim; c += 256) {
-    const float4 x0 = *reinterpret_cast<const float4*>(src + c);
-    const float4 x1 = *reinterpret_cast<const float4*>(src + c + 4);
+    const float* src = p.dq_accum + head_base + dq_accum_offset(p, r.i, c);
+    const float4 x0 = *reinterpret_cast<const float4*>(src);
+    const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
     uint4 out;
     out.x = pack2<Elem>(x0.x * s, x0.y * s);
     out.y = pack2<Elem>(x0.z * s, x0.w * s);
@@ -216,7 +220,11 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator.
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
-  const int64_t accum_count = p.deterministic ? 0 : stat_count * bp.head_dim;
+  // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
+  const char* variant = std::getenv("FLASHATTN_SM90_BWD_VARIANT");
+  const bool bulk_dq = use_sm90 && !(variant != nullptr && variant[0] == '0');
+  bp.dq_accum_cols = bulk_dq ? bwd_sm80_head_dim_bucket(p) : 0;
+  const int64_t accum_count = p.deterministic ? 0 : stat_count * (bulk_dq ? bp.dq_accum_cols : bp.head_dim);
   const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);
   StreamBuffer ws;
   ws.stream = stream;

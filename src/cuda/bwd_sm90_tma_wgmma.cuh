@@ -37,7 +37,7 @@
 
 namespace flashattn::cuda {
 
-template <typename Elem, typename Cfg>
+template <typename Elem, typename Cfg, bool kBulkDq>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
   const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [S][lse, dsum][BM] floats
-  const uint32_t bars = sStat0 + 2 * S * Cfg::kStatBytes;
+  const uint32_t sDQ0 = sStat0 + 2 * S * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
+  const uint32_t bars = sDQ0 + 2 * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
   auto sLse = [&](int s) { return sStat0 + (2 * s) * Cfg::kStatBytes; };
@@ -325,25 +326,55 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
 
-        // dq_accum [b, h, stat_rows, head_dim] += dQ: query row warp*16 + g + 8hr, column
-        // col0 + 8j + 2·t4 (+1), as 8-byte vector atomics.
+        // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
         const int col0 = kDqSplitN ? cw * 64 : 0;
-        float* dqa = p.dq_accum + ((int64_t(b) * p.num_heads + h) * p.stat_rows + m0) * p.head_dim;
+        if constexpr (kBulkDq) {
+          // One 16 KB bulk reduce-add per consumer and tile (FA-3's dQ path): the tile is staged
+          // in this consumer's buffer in the accumulator's own tiled layout (bwd_traits.hpp
+          // dq_accum_offset), after the previous reduce has finished reading it.
+          const uint32_t sDQ = sDQ0 + cw * Cfg::kDqBytes;
+          if (tid == 0) bulk_wait_read<0>();
+          named_barrier_sync(4 + cw, 128);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int row = warp * 16 + g + hr * 8, col = col0 + 8 * j + 2 * t4;
-            if (row < len_q - m0 && col < p.head_dim)
-              atomicAdd(reinterpret_cast<float2*>(dqa + int64_t(row) * p.head_dim + col),
-                        make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
+            for (int hr = 0; hr < 2; ++hr) {
+              const int r = warp * 16 + g + hr * 8;
+              *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (r * 64 + ((j ^ (r & 7)) << 3) + 2 * t4)) =
+                  make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+            }
+          fence_proxy_async();
+          named_barrier_sync(4 + cw, 128);
+          if (tid == 0) {
+            // Rows past the sequence end hold exact zeros (their dS columns are 0); the
+            // statistics rows are padded, so the whole tile lies inside the accumulator.
+            float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * p.dq_accum_cols +
+                         dq_accum_offset(p, m0, col0);
+            bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
+            bulk_commit();
           }
+        } else {
+          // 8-byte vector atomics into the row-major accumulator.
+          float* dqa = p.dq_accum + ((int64_t(b) * p.num_heads + h) * p.stat_rows + m0) * p.head_dim;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int row = warp * 16 + g + hr * 8, col = col0 + 8 * j + 2 * t4;
+              if (row < len_q - m0 && col < p.head_dim)
+                atomicAdd(reinterpret_cast<float2*>(dqa + int64_t(row) * p.head_dim + col),
+                          make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
+            }
+        }
         if (++s == S) {
           s = 0;
           phase ^= 1;
         }
       }
     }
+
+    // The last bulk reduce must finish reading shared memory before the block exits.
+    if (kBulkDq && tid == 0) bulk_wait_read<0>();
 
     // Epilogue: dK = scale · dK and dV, straight from the accumulators (key row kr0 + 8hr,
     // column 8j + 2·t4); rows past the sequence end are not written.
@@ -382,7 +413,7 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
                                                      p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
                                                      p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
-  auto kernel = bwd_sm90_kernel<Elem, Cfg>;
+  auto kernel = p.dq_accum_cols > 0 ? bwd_sm90_kernel<Elem, Cfg, true> : bwd_sm90_kernel<Elem, Cfg, false>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv, tdo);

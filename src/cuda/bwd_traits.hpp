@@ -45,8 +45,22 @@ struct BwdParams {
   int stat_rows;
   float* dsum;      // D = rowsum(dout ∘ out), 0 past the sequence end
   float* lse_log2;  // lse · log2(e); +inf where lse = −inf (fully masked row) or past the end
-  float* dq_accum;  // [batch, num_heads, stat_rows, head_dim] fp32; nullptr in deterministic mode
+  float* dq_accum;  // fp32, nullptr in deterministic mode; layout per dq_accum_tiled:
+  // 0: [batch, num_heads, stat_rows, head_dim] row-major (the sm80 kernel's atomics);
+  // dq_accum_cols > 0: [batch, num_heads, stat_rows / 64, dq_accum_cols / 64] tiles of 64 x 64,
+  // element (r, c) of a tile at r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8 (the Hopper kernel's bulk
+  // reduce-add: the tile is one contiguous block, and the XOR spreads the rows' 32-byte chunks
+  // over the banks when the block is written to shared memory).
+  int dq_accum_cols;
 };
+
+// Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams).
+__host__ __device__ inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
+  if (p.dq_accum_cols == 0) return row * p.head_dim + col;
+  const int64_t tile = (row / 64) * (p.dq_accum_cols / 64) + col / 64;
+  const int r = int(row % 64), c = col % 64;
+  return tile * 4096 + r * 64 + (((c / 8) ^ (r % 8)) * 8) + c % 8;
+}
 
 // Multiple of every kRes and kStr below.
 constexpr int kStatRowAlign = 128;
@@ -133,8 +147,8 @@ namespace flashattn::cuda {
 // rows per step through kStages TMA buffers. Registers per consumer thread (240): dK and dV
 // accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ partial 32. head_dim 256
 // does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
-//   hdim 64:  smem 16 + 16 (K, V) + 2 · (8 + 8) (Q, dO) + 32 (dSᵀ, 2 buffers) ≈ 97 KB.
-//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 32 ≈ 161 KB.
+//   hdim 64:  smem 16 + 16 (K, V) + 2 · (8 + 8) (Q, dO) + 32 (dSᵀ, 2 buffers) + 32 (dQ) ≈ 129 KB.
+//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 32 + 32 ≈ 193 KB.
 template <int kHeadDim_>
 struct BwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = 64, kStages = 2;
@@ -143,8 +157,9 @@ struct BwdSm90Config {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
   static constexpr int kStatBytes = kBlockM * 4;            // one stage of lse·log2e or D
+  static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile
   static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kStatBytes + 256 + 1024;
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kStatBytes + 2 * kDqBytes + 256 + 1024;
 };
 
 // Launches the Hopper dK/dV kernel (dq accumulated into p.dq_accum with fp32 atomics) for one

@@ -29,6 +29,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -50,7 +51,7 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
 
 }  // namespace fwd_sm90_detail
 
-template <typename Elem, typename Cfg>
+template <typename Elem, typename Cfg, bool kPingpong>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
@@ -306,27 +307,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       };
 
+      // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
+      // warpgroup's softmax runs while the other's GEMMs own the tensor cores. Named barrier
+      // 2 + w is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals.
+      auto my_turn = [&] {
+        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);
+      };
+      auto your_turn = [&] {
+        if constexpr (kPingpong) named_barrier_arrive(2 + (1 - cw), 256);
+      };
+      if (kPingpong && cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
+
       mbar_wait(q_full, 0);
       int stage = 0;
       uint32_t phase = 0;
       float alpha[2];
       // First tile: S, softmax; O is still zero, so nothing to rescale.
       mbar_wait(k_full(stage), phase);
+      my_turn();
       issue_qk(stage);
+      your_turn();
       wgmma_wait<0>();
       fence_s();
       release(k_empty(stage));
       softmax(nb_max - 1, alpha);
       pack_p();
+      // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
+      // turn-taking (both consumers meet on a barrier there).
+      mbar_wait(v_full(stage), phase);
+      prepare_v(nb_max - 1, stage);
 
       for (int nb = nb_max - 2; nb >= nb_min; --nb) {
         const int next = stage + 1 == S ? 0 : stage + 1;
         const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
         mbar_wait(k_full(next), next_phase);
+        my_turn();
         issue_qk(next);
         mbar_wait(v_full(stage), phase);
-        prepare_v(nb + 1, stage);
         issue_pv(stage);
+        your_turn();
         wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
         fence_s();
         release(k_empty(next));
@@ -346,11 +365,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         phase = next_phase;
       }
       mbar_wait(v_full(stage), phase);
-      prepare_v(nb_min, stage);
+      my_turn();
       issue_pv(stage);
+      your_turn();
       wgmma_wait<0>();
       fence_o();
       release(v_empty(stage));
+      if (kPingpong && cw == 0) my_turn();  // consumes warpgroup 1's last arrival
     }
 
     // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
@@ -400,7 +421,9 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
                                                p.k_batch_stride, Cfg::kBlockN);
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
                                                p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
-  auto kernel = fwd_sm90_kernel<Elem, Cfg>;
+  const char* variant = std::getenv("FLASHATTN_SM90_FWD_VARIANT");
+  auto kernel = variant != nullptr && variant[0] == '0' ? fwd_sm90_kernel<Elem, Cfg, false>
+                                                        : fwd_sm90_kernel<Elem, Cfg, true>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv);
