@@ -9,8 +9,8 @@
 #                                     compute-sanitizer (memcheck, racecheck, initcheck, synccheck)
 #                                     on a small representative subset, and the benchmark. Logs go to
 #                                     $OUT (or ./gpu-check-out); a short table is printed last.
-#                                     what: any of tests,sanitize,bench,quickbench (default all but
-#                                     quickbench).
+#                                     what: any of tests,sanitize,python,bench,quickbench (default
+#                                     tests,sanitize,bench).
 # Environment: GTEST_FILTER narrows the test run; BENCH_ARGS are passed to bench_attention.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +74,7 @@ fi
 if [[ $what == *sanitize* ]]; then
   # Small cases that still cover every code path: masked and unmasked tiles, varlen with empty
   # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, and the backward.
-  filter='*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*'
+  filter='*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:CudaBackwardMisc.KernelChoice'
   for tool in memcheck racecheck initcheck synccheck; do
     start=$(date +%s)
     compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter" > "$OUT/sanitize_one.log" 2>&1
@@ -84,6 +84,25 @@ if [[ $what == *sanitize* ]]; then
     { echo "===== $tool (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
     rm -f "$OUT/sanitize_one.log"
   done
+fi
+
+if [[ $what == *python* ]]; then
+  # The Python package on CUDA tensors (issue 5): pytest over tests/python with this build's library,
+  # then examples/train_gpt.py on the text in .carry/ (copy ../shared/data/tinyshakespeare.txt there
+  # and carry .carry) when present.
+  start=$(date +%s)
+  FLASHATTN_LIBRARY=$PWD/$DIST/libflashattn.so python3 -m pytest -q -p no:cacheprovider tests/python \
+    > "$OUT/python.log" 2>&1
+  rc=$?
+  summary+=("python: rc=$rc, $(tail -1 "$OUT/python.log"), $(( $(date +%s) - start )) s")
+  if [ -f .carry/tinyshakespeare.txt ]; then
+    start=$(date +%s)
+    FLASHATTN_LIBRARY=$PWD/$DIST/libflashattn.so PYTHONPATH=$PWD/python python3 examples/train_gpt.py \
+      --data .carry/tinyshakespeare.txt --steps "${TRAIN_STEPS:-300}" --out "$OUT/train_gpt.json" >> "$OUT/python.log" 2>&1
+    rc=$?
+    summary+=("train_gpt: rc=$rc, $(grep -E '^throughput' "$OUT/python.log" | tail -1)")
+    summary+=("           $(grep -E '^final validation loss' "$OUT/python.log" | tail -1), $(( $(date +%s) - start )) s")
+  fi
 fi
 
 if [[ $what == *bench* ]]; then

@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401  (FlexAttention's compile settings)
 import torch.nn.functional as F
 from triton.testing import do_bench
 
@@ -128,11 +129,13 @@ def flex(q, k, v, do, causal):
     if _flex_compiled is None:
         # One compiled graph per (shape, dtype, mask, gqa): past dynamo's default of 8 recompiles
         # it silently falls back to the unfused eager path (seen here: 7-31 TFLOP/s).
-        import torch._dynamo
+        # (`import torch._dynamo` here would make `torch` a local of this function: NameError on
+        # every later call, seen in the 2026-11-29 21:50 run.)
+        dynamo_config = torch._dynamo.config
 
-        torch._dynamo.config.cache_size_limit = 256
-        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-            torch._dynamo.config.accumulated_cache_size_limit = 4096
+        dynamo_config.cache_size_limit = 256
+        if hasattr(dynamo_config, "accumulated_cache_size_limit"):
+            dynamo_config.accumulated_cache_size_limit = 4096
         _flex_compiled = torch.compile(flex_attention, dynamic=False)
     qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))
     gqa = qt.shape[1] != kt.shape[1]
@@ -174,6 +177,7 @@ def main():
                     help="LABEL=VAR=VALUE[;VAR=VALUE]: also time ours with these environment variables")
     ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    ap.add_argument("--dtypes", default="", help="bfloat16 and/or float16 (comma-separated; default both, --quick bf16)")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +204,8 @@ def main():
             contenders.pop(peer, None)
     flex_seqlens = {int(x) for x in args.flex_seqlens.split(",") if x}
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
+    if args.dtypes:
+        dtypes = [getattr(torch, x) for x in args.dtypes.split(",")]
     seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     shapes = []  # (name, batch, seqlen, heads, heads_k, head_dim)
     for d in (64, 128):

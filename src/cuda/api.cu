@@ -124,13 +124,16 @@ bool on_sm90() {
   return device_cc(device) == 90;
 }
 
-// Whether q, k, v (and dout in the backward) fit TMA maps: strides of dims longer than 1 positive
-// and below 2^40 bytes, rows below 2^31 (TMA coordinates are int32).
+// Whether q, k, v (and dout in the backward) fit TMA maps: at least one row each, strides of dims
+// longer than 1 positive and below 2^40 bytes, rows below 2^31 (TMA coordinates are int32).
 bool tma_fits(const detail::Params& p, bool bwd) {
   constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;  // elements of 2 bytes: < 2^40 bytes
   auto fits = [&](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride <= kMaxStride); };
   const int64_t nb = p.is_varlen ? 1 : p.batch;
   if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) return false;
+  // A tensor map needs every dim >= 1 (and a non-null base): empty q or k stay on the sm80 path,
+  // whose kernels write out = 0, lse = -inf and zero gradients for them.
+  if (p.rows_q < 1 || p.rows_k < 1) return false;
   bool ok = fits(p.rows_q, p.q_row_stride) && fits(p.num_heads, p.q_head_stride) && fits(nb, p.q_batch_stride) &&
             fits(p.rows_k, p.k_row_stride) && fits(p.num_heads_k, p.k_head_stride) && fits(nb, p.k_batch_stride) &&
             fits(p.rows_k, p.v_row_stride) && fits(p.num_heads_k, p.v_head_stride) && fits(nb, p.v_batch_stride);

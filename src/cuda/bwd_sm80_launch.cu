@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -221,8 +220,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
-  const char* variant = std::getenv("FLASHATTN_SM90_BWD_VARIANT");
-  const bool bulk_dq = use_sm90 && !(variant != nullptr && variant[0] == '0');
+  const bool bulk_dq = use_sm90;
   bp.dq_accum_cols = bulk_dq ? bwd_sm80_head_dim_bucket(p) : 0;
   const int64_t accum_count = p.deterministic ? 0 : stat_count * (bulk_dq ? bp.dq_accum_cols : bp.head_dim);
   const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);

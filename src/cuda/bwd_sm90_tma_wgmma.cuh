@@ -5,14 +5,14 @@
 // One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups:
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then for every query tile
 //     that sees the block's keys, for every query head of the GQA group, Q, dO (TMA) and the
-//     tile's lse·log2e and D = rowsum(dO ∘ O) (1-d bulk copies) into kStages buffers;
+//     into kStages buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile of 64 rows:
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)
 //       dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
 //       dV += Pᵀ dO, dK += dSᵀ Q                   wgmma with Pᵀ / dSᵀ from registers
-//       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A),
-//                                                  fp32 vector atomics into the workspace
+//       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
+//                                                  the fp32 tile goes out as one bulk reduce-add
 //     dK = scale · dK at the end.
 // head_dim 128 splits the dQ product's columns between the two consumers (each reads all 128
 // keys of dSᵀ, so they meet on a named barrier); head_dim 64 splits its keys instead (each adds
@@ -37,7 +37,7 @@
 
 namespace flashattn::cuda {
 
-template <typename Elem, typename Cfg, bool kBulkDq>
+template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
@@ -85,13 +85,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sK = base, sV = sK + Cfg::kKVBytes;
   const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
-  const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [S][lse, dsum][BM] floats
-  const uint32_t sDQ0 = sStat0 + 2 * S * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
+  const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
+  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
   const uint32_t bars = sDQ0 + 2 * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
-  auto sLse = [&](int s) { return sStat0 + (2 * s) * Cfg::kStatBytes; };
-  auto sDsum = [&](int s) { return sStat0 + (2 * s + 1) * Cfg::kStatBytes; };
   const uint32_t kv_full = bars;
   auto full = [&](int s) { return bars + 8 * (1 + s); };
   auto empty = [&](int s) { return bars + 8 * (1 + S + s); };
@@ -109,7 +107,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer warpgroup
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && count > 0) {
       prefetch_tensormap(&tmap_q);
       prefetch_tensormap(&tmap_do);
@@ -124,16 +122,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int t = 0; t < iters; ++t) {
         const int h = head_of(t), m0 = m0_of(t);
         mbar_wait(empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes + 2 * Cfg::kStatBytes);
+        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
 #pragma unroll
         for (int pn = 0; pn < kPanels; ++pn) {
           tma_load_4d(sQ(s) + pn * BM * 128, &tmap_q, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
           tma_load_4d(sDO(s) + pn * BM * 128, &tmap_do, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
         }
-        // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds.
-        const int64_t stat = (int64_t(b) * p.num_heads + h) * p.stat_rows + m0;
-        bulk_load(sLse(s), p.lse_log2 + stat, Cfg::kStatBytes, full(s));
-        bulk_load(sDsum(s), p.dsum + stat, Cfg::kStatBytes, full(s));
         if (++s == S) {
           s = 0;
           phase ^= 1;
@@ -142,7 +136,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = threadIdx.x / 128 - 1;  // keys cw*64 .. cw*64+63 of the block
     const int ctid = threadIdx.x - 128;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -172,10 +166,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         named_barrier_sync(1, 256);
       }
+      // The statistics of each query tile (lse·log2e and D, 64 each) come straight from the
+      // workspace: thread tid of the warpgroup loads element tid of [lse | D] one tile ahead and
+      // stores it into this warpgroup's double buffer before the iteration's named barrier, which
+      // orders it before the next iteration's reads (and those reads before the next overwrite).
+      // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds.
+      float* stats = reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;  // [buffer][lse, D][BM]
+      auto load_stat = [&](int t) {
+        const int64_t stat = (int64_t(b) * p.num_heads + head_of(t)) * p.stat_rows + m0_of(t);
+        return (tid < BM ? p.lse_log2 : p.dsum)[stat + tid % BM];
+      };
+      stats[tid] = load_stat(0);
+      named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
       for (int t = 0; t < iters; ++t) {
         const int h = head_of(t), m0 = m0_of(t);
+        const float next_stat = t + 1 < iters ? load_stat(t + 1) : 0.f;
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
           zero_rows(sQ(s), BM, len_q - m0);
@@ -208,8 +215,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
 
         // Pᵀ and dSᵀ element by element: key row kr0 + 8·(e / 2), query column 8j + 2·t4 + e % 2.
-        const float* lse = reinterpret_cast<const float*>(gptr(sLse(s)));
-        const float* dsum = reinterpret_cast<const float*>(gptr(sDsum(s)));
+        const float* lse = stats + (t & 1) * 2 * BM;
+        const float* dsum = lse + BM;
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
         const int kn0 = n0 + cw * 64;
         const bool full_tile = m0 + BM <= len_q && kn0 + 64 <= len_k && (wl < 0 || kn0 >= m0 + BM - 1 + off - wl) &&
@@ -289,6 +296,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), 1);
         wgmma_commit();
 
+        if (t + 1 < iters) stats[((t + 1) & 1) * 2 * BM + tid] = next_stat;
+
         // dQ (64 queries x 64 columns per warpgroup) = dS K: A = dSᵀ read MN-major, B = K MN-major.
         if constexpr (kDqSplitN) named_barrier_sync(1, 256);
         else named_barrier_sync(2 + cw, 128);
@@ -328,7 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
         const int col0 = kDqSplitN ? cw * 64 : 0;
-        if constexpr (kBulkDq) {
+        {
           // One 16 KB bulk reduce-add per consumer and tile (FA-3's dQ path): the tile is staged
           // in this consumer's buffer in the accumulator's own tiled layout (bwd_traits.hpp
           // dq_accum_offset), after the previous reduce has finished reading it.
@@ -353,18 +362,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
             bulk_commit();
           }
-        } else {
-          // 8-byte vector atomics into the row-major accumulator.
-          float* dqa = p.dq_accum + ((int64_t(b) * p.num_heads + h) * p.stat_rows + m0) * p.head_dim;
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int row = warp * 16 + g + hr * 8, col = col0 + 8 * j + 2 * t4;
-              if (row < len_q - m0 && col < p.head_dim)
-                atomicAdd(reinterpret_cast<float2*>(dqa + int64_t(row) * p.head_dim + col),
-                          make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
-            }
         }
         if (++s == S) {
           s = 0;
@@ -374,7 +371,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
 
     // The last bulk reduce must finish reading shared memory before the block exits.
-    if (kBulkDq && tid == 0) bulk_wait_read<0>();
+    if (tid == 0) bulk_wait_read<0>();
 
     // Epilogue: dK = scale · dK and dV, straight from the accumulators (key row kr0 + 8hr,
     // column 8j + 2·t4); rows past the sequence end are not written.
@@ -413,7 +410,7 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
                                                      p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
                                                      p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
-  auto kernel = p.dq_accum_cols > 0 ? bwd_sm90_kernel<Elem, Cfg, true> : bwd_sm90_kernel<Elem, Cfg, false>;
+  auto kernel = bwd_sm90_kernel<Elem, Cfg>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv, tdo);

@@ -156,10 +156,10 @@ struct BwdSm90Config {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
-  static constexpr int kStatBytes = kBlockM * 4;            // one stage of lse·log2e or D
+  static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
   static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile
   static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kStatBytes + 2 * kDqBytes + 256 + 1024;
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 8 * kStatBytes + 2 * kDqBytes + 256 + 1024;
 };
 
 // Launches the Hopper dK/dV kernel (dq accumulated into p.dq_accum with fp32 atomics) for one

@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
 
 }  // namespace fwd_sm90_detail
 
-template <typename Elem, typename Cfg, bool kPingpong>
+template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer warpgroup
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && nb_max > nb_min) {
       prefetch_tensormap(&tmap_q);
       prefetch_tensormap(&tmap_k);
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -310,13 +310,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
       // warpgroup's softmax runs while the other's GEMMs own the tensor cores. Named barrier
       // 2 + w is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals.
-      auto my_turn = [&] {
-        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);
-      };
-      auto your_turn = [&] {
-        if constexpr (kPingpong) named_barrier_arrive(2 + (1 - cw), 256);
-      };
-      if (kPingpong && cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
+      auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
+      auto your_turn = [&] { named_barrier_arrive(2 + (1 - cw), 256); };
+      if (cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
 
       mbar_wait(q_full, 0);
       int stage = 0;
@@ -371,7 +367,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_wait<0>();
       fence_o();
       release(v_empty(stage));
-      if (kPingpong && cw == 0) my_turn();  // consumes warpgroup 1's last arrival
+      if (cw == 0) my_turn();  // consumes warpgroup 1's last arrival
     }
 
     // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
@@ -421,9 +417,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
                                                p.k_batch_stride, Cfg::kBlockN);
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
                                                p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
-  const char* variant = std::getenv("FLASHATTN_SM90_FWD_VARIANT");
-  auto kernel = variant != nullptr && variant[0] == '0' ? fwd_sm90_kernel<Elem, Cfg, false>
-                                                        : fwd_sm90_kernel<Elem, Cfg, true>;
+  auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv);

@@ -118,6 +118,15 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// Register split of the 384-thread warp-specialized kernels (one producer, two consumer
+// warpgroups). Launched under __launch_bounds__(384, 1) every thread starts with 168 registers;
+// setmaxnreg.inc blocks until the pool has the registers, so the producer must give back at least
+// what the consumers take: 128 · (168 − 24) = 256 · (240 − 168). (A 32-register producer left the
+// consumers waiting forever: a hang, seen on the H200.)
+constexpr int kProducerRegs = 24, kConsumerRegs = 240, kEntryRegs = 168;
+static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs),
+              "setmaxnreg: the consumers would wait for registers the producer never frees");
+
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
