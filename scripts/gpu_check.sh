@@ -61,13 +61,13 @@ if [[ $what == *tests* ]]; then
   grep -E "^\[  (FAILED|SKIPPED) " "$OUT/tests.log" | sort -u | head -30
   grep -B2 -A12 "Failure" "$OUT/tests.log" | head -60
   summary+=("tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests.log") failed, $(( $(date +%s) - start )) s")
-  grep -E "forward kernel on" "$OUT/tests.log" | head -1
+  grep -E "(forward|backward) kernel:" "$OUT/tests.log" | head -2
   # On a Hopper GPU the forward and backward tests ran the sm90 kernels; run them again on sm80's.
   start=$(date +%s)
   FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80 $DIST/test_cuda --gtest_filter="${GTEST_FILTER_SM80:-*CudaForward*:*CudaBackward*}" > "$OUT/tests_sm80.log" 2>&1
   rc=$?
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_sm80.log" | sort -u | head -20
-  grep -E "forward kernel on" "$OUT/tests_sm80.log" | head -1
+  grep -E "(forward|backward) kernel:" "$OUT/tests_sm80.log" | head -2
   summary+=("tests (FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_sm80.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_sm80.log") failed, $(( $(date +%s) - start )) s")
 fi
 

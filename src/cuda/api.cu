@@ -34,64 +34,45 @@ namespace {
 
 using LaunchFwd = void (*)(const FwdParams&, int, int, void*);
 
+// The Hopper (sm_90a) forward: built for every row below when FLASHATTN_CUDA_ARCHS has 90a.
+using LaunchFwdSm90 = void (*)(const FwdParams&, int, int, int64_t, int64_t, void*);
+#ifdef FLASHATTN_CUDA_FWD_SM90
+#define FA_FWD_SM90(T, D) &launch_fwd_sm90<T, D>
+#else
+#define FA_FWD_SM90(T, D) nullptr
+#endif
+
 struct FwdKernel {
   DType dtype;
   int head_dim;  // bucket: head_dim and head_dim_v <= this
-  LaunchFwd launch;
+  LaunchFwd launch;           // sm80 (mma.sync): any GPU
+  LaunchFwdSm90 launch_sm90;  // sm90 (TMA + wgmma): sm_90 only; nullptr when not built
 };
 
 // The forward instantiations this build ships (src/cuda/CMakeLists.txt generates one translation
-// unit per row and defines the matching macro).
+// unit per row and architecture and defines the matching macros).
 constexpr FwdKernel kFwdKernels[] = {
 #ifdef FLASHATTN_CUDA_FWD_F16_HDIM64
-    {DType::f16, 64, &launch_fwd_sm80<F16, 64>},
+    {DType::f16, 64, &launch_fwd_sm80<F16, 64>, FA_FWD_SM90(F16, 64)},
 #endif
 #ifdef FLASHATTN_CUDA_FWD_F16_HDIM128
-    {DType::f16, 128, &launch_fwd_sm80<F16, 128>},
+    {DType::f16, 128, &launch_fwd_sm80<F16, 128>, FA_FWD_SM90(F16, 128)},
 #endif
 #ifdef FLASHATTN_CUDA_FWD_F16_HDIM256
-    {DType::f16, 256, &launch_fwd_sm80<F16, 256>},
+    {DType::f16, 256, &launch_fwd_sm80<F16, 256>, FA_FWD_SM90(F16, 256)},
 #endif
 #ifdef FLASHATTN_CUDA_FWD_BF16_HDIM64
-    {DType::bf16, 64, &launch_fwd_sm80<BF16, 64>},
+    {DType::bf16, 64, &launch_fwd_sm80<BF16, 64>, FA_FWD_SM90(BF16, 64)},
 #endif
 #ifdef FLASHATTN_CUDA_FWD_BF16_HDIM128
-    {DType::bf16, 128, &launch_fwd_sm80<BF16, 128>},
+    {DType::bf16, 128, &launch_fwd_sm80<BF16, 128>, FA_FWD_SM90(BF16, 128)},
 #endif
 #ifdef FLASHATTN_CUDA_FWD_BF16_HDIM256
-    {DType::bf16, 256, &launch_fwd_sm80<BF16, 256>},
+    {DType::bf16, 256, &launch_fwd_sm80<BF16, 256>, FA_FWD_SM90(BF16, 256)},
 #endif
-    {DType::f32, 0, nullptr},  // sentinel: keeps the array non-empty when everything is pruned
+    {DType::f32, 0, nullptr, nullptr},  // sentinel: keeps the array non-empty when everything is pruned
 };
-
-// The Hopper (sm_90a) forward instantiations, generated when FLASHATTN_CUDA_ARCHS has 90a.
-using LaunchFwdSm90 = void (*)(const FwdParams&, int, int, int64_t, int64_t, void*);
-struct FwdSm90Kernel {
-  DType dtype;
-  int head_dim;
-  LaunchFwdSm90 launch;
-};
-constexpr FwdSm90Kernel kFwdSm90Kernels[] = {
-#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM64
-    {DType::f16, 64, &launch_fwd_sm90<F16, 64>},
-#endif
-#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM128
-    {DType::f16, 128, &launch_fwd_sm90<F16, 128>},
-#endif
-#ifdef FLASHATTN_CUDA_FWD_SM90_F16_HDIM256
-    {DType::f16, 256, &launch_fwd_sm90<F16, 256>},
-#endif
-#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM64
-    {DType::bf16, 64, &launch_fwd_sm90<BF16, 64>},
-#endif
-#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM128
-    {DType::bf16, 128, &launch_fwd_sm90<BF16, 128>},
-#endif
-#ifdef FLASHATTN_CUDA_FWD_SM90_BF16_HDIM256
-    {DType::bf16, 256, &launch_fwd_sm90<BF16, 256>},
-#endif
-    {DType::f32, 0, nullptr},
-};
+#undef FA_FWD_SM90
 
 // Compute capability of the current device, cached per device (cudaGetDeviceProperties is slow).
 int device_cc(int device) {
@@ -108,10 +89,8 @@ int device_cc(int device) {
   return cc;
 }
 
-// The Hopper forward covers a call when the device is sm_90 (the sm_90a image needs exactly 9.0),
-// a bucket is built, and every tensor fits a TMA map: strides of dims longer than 1 positive and
-// below 2^40 bytes, rows below 2^31 (TMA coordinates are int32). FLASHATTN_CUDA_FWD=sm80 forces
-// the sm80 kernel (tests and benchmarks cover both on one GPU).
+// FLASHATTN_CUDA_FWD=sm80 / FLASHATTN_CUDA_BWD=sm80 force the sm80 kernels on a Hopper GPU (tests
+// and benchmarks cover both paths on one machine).
 bool forced_sm80(const char* env) {
   const char* force = std::getenv(env);
   return force != nullptr && std::string(force) == "sm80";
@@ -142,18 +121,10 @@ bool tma_fits(const detail::Params& p, bool bwd) {
   return ok;
 }
 
-// The Hopper forward covers a call when the device is sm_90 (the sm_90a image needs exactly 9.0),
-// a bucket is built, and the tensors fit TMA maps. FLASHATTN_CUDA_FWD=sm80 forces the sm80 kernel
-// (tests and benchmarks cover both on one GPU).
-const FwdSm90Kernel* pick_fwd_sm90(const detail::Params& p) {
-  if (forced_sm80("FLASHATTN_CUDA_FWD") || !on_sm90()) return nullptr;
-  const int64_t need = std::max(p.head_dim, p.head_dim_v);
-  const FwdSm90Kernel* best = nullptr;
-  for (const FwdSm90Kernel& k : kFwdSm90Kernels) {
-    if (k.launch == nullptr || k.dtype != p.dtype || k.head_dim < need) continue;
-    if (best == nullptr || k.head_dim < best->head_dim) best = &k;
-  }
-  return best != nullptr && tma_fits(p, false) ? best : nullptr;
+// Whether the chosen bucket's Hopper forward runs this call: the device is sm_90 (the sm_90a image
+// needs exactly 9.0), it was built, the tensors fit TMA maps, and it is not forced off.
+bool use_fwd_sm90(const FwdKernel& k, const detail::Params& p) {
+  return k.launch_sm90 != nullptr && !forced_sm80("FLASHATTN_CUDA_FWD") && on_sm90() && tma_fits(p, false);
 }
 
 #ifdef FLASHATTN_CUDA_HAS_BWD
@@ -435,10 +406,8 @@ Plan plan(const detail::Params& p, Pass pass) {
                         " (configure FLASHATTN_CUDA_FWD_HEAD_DIMS)";
         return result;
       }
-      if (const FwdSm90Kernel* k90 = pick_fwd_sm90(p))
-        result.kernel = "cuda_fwd_sm90_tma_wgmma_hdim" + std::to_string(k90->head_dim);
-      else
-        result.kernel = "cuda_fwd_sm80_mma_hdim" + std::to_string(k->head_dim);
+      result.kernel = std::string(use_fwd_sm90(*k, p) ? "cuda_fwd_sm90_tma_wgmma_hdim" : "cuda_fwd_sm80_mma_hdim") +
+                      std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
       result.kernel = std::string(use_bwd_sm90(p) ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
@@ -476,8 +445,8 @@ void forward(const detail::Params& p) {
     if (launch_fwd_sweep(std::atoi(v), k->head_dim, f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream))
       return;
 #endif
-  if (const FwdSm90Kernel* k90 = pick_fwd_sm90(p)) {
-    k90->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.rows_q, p.rows_k, p.stream);
+  if (use_fwd_sm90(*k, p)) {
+    k->launch_sm90(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.rows_q, p.rows_k, p.stream);
     return;
   }
   k->launch(f, static_cast<int>(p.batch), static_cast<int>(l.max_q), p.stream);

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/fwd_block.cuh"
 #include "cuda/fwd_traits.hpp"
 #include "cuda/kernel_utils.cuh"
 
@@ -65,20 +66,11 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
   Storage* sK = sQ + BM * D;
   Storage* sV = sK + BN * D;
 
-  // Heaviest query blocks first: under a causal mask the last blocks see the most keys.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
-  int64_t q_start = 0, k_start = 0;
-  int len_q = p.seqlen_q, len_k = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    q_start = p.cu_seqlens_q[b];
-    len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-    k_start = p.cu_seqlens_k[b];
-    len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-  }
-  const int m0 = m_block * BM;
-  if (m0 >= len_q) return;  // varlen: this sequence is shorter than max_seqlen_q
-  const int h_k = h / p.head_ratio;
+  FwdBlock blk;
+  if (!fwd_block<BM, BN>(p, blk)) return;  // varlen: this sequence is shorter than max_seqlen_q
+  const int b = blk.b, h = blk.h, h_k = blk.h_k, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
+  const int64_t q_start = blk.q_start, k_start = blk.k_start, offset = blk.offset, last_row = blk.last_row;
+  const int nb_min = blk.nb_min, nb_max = blk.nb_max;
 
   const Storage* q_ptr = static_cast<const Storage*>(p.q) + b * p.q_batch_stride +
                          (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
@@ -86,15 +78,6 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
                          k_start * p.k_row_stride + h_k * p.k_head_stride;
   const Storage* v_ptr = static_cast<const Storage*>(p.v) + b * p.v_batch_stride +
                          k_start * p.v_row_stride + h_k * p.v_head_stride;
-
-  // Visible keys of the whole block (params.hpp visible_keys over rows m0 .. last_row).
-  const int64_t offset = p.align_bottom_right ? int64_t(len_k) - len_q : 0;
-  const int64_t last_row = min(m0 + BM, len_q) - 1;
-  int64_t key_lo = 0, key_hi = len_k;
-  if (p.window_size_left >= 0) key_lo = max(key_lo, m0 + offset - p.window_size_left);
-  if (p.window_size_right >= 0) key_hi = min(key_hi, last_row + offset + p.window_size_right + 1);
-  const int nb_min = key_lo >= key_hi ? 0 : int(key_lo / BN);
-  const int nb_max = key_lo >= key_hi ? 0 : int((key_hi + BN - 1) / BN);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;

@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/fwd_block.cuh"
 #include "cuda/fwd_traits.hpp"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/sm90_utils.cuh"
@@ -64,31 +65,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
-  // Heavy (late, for causal) query blocks first: blockIdx.x counts down the sequence.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int h_k = h / p.head_ratio;
-  int64_t q_start = 0, k_start = 0;
-  int len_q = p.seqlen_q, len_k = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    q_start = p.cu_seqlens_q[b];
-    k_start = p.cu_seqlens_k[b];
-    len_q = p.cu_seqlens_q[b + 1] - int(q_start);
-    len_k = p.cu_seqlens_k[b + 1] - int(k_start);
-  }
-  const int m0 = m_block * BM;
-  if (m0 >= len_q) return;
+  FwdBlock blk;
+  if (!fwd_block<BM, BN>(p, blk)) return;
+  const int b = blk.b, h = blk.h, h_k = blk.h_k, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
+  const int64_t q_start = blk.q_start, k_start = blk.k_start, offset = blk.offset, last_row = blk.last_row;
+  const int nb_min = blk.nb_min, nb_max = blk.nb_max;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int tma_batch = varlen ? 0 : b;
-
-  // Visible keys of the whole block (params.hpp visible_keys over rows m0 .. last_row).
-  const int64_t offset = p.align_bottom_right ? int64_t(len_k) - len_q : 0;
-  const int64_t last_row = min(m0 + BM, len_q) - 1;
-  int64_t key_lo = 0, key_hi = len_k;
-  if (p.window_size_left >= 0) key_lo = max(key_lo, m0 + offset - p.window_size_left);
-  if (p.window_size_right >= 0) key_hi = min(key_hi, last_row + offset + p.window_size_right + 1);
-  const int nb_min = key_lo >= key_hi ? 0 : int(key_lo / BN);
-  const int nb_max = key_lo >= key_hi ? 0 : int((key_hi + BN - 1) / BN);
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);

@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -47,6 +50,22 @@ inline int current_device() {
   int d = 0;
   cudaGetDevice(&d);
   return d;
+}
+
+// Whether this build's Hopper kernels should run on the current device: it is sm_90, the build has
+// sm_90a code (FLASHATTN_TEST_CUDA_SM90, tests/cuda/CMakeLists.txt), and `force_env` (the variable
+// that forces the sm80 kernels, FLASHATTN_CUDA_FWD or FLASHATTN_CUDA_BWD) is not "sm80".
+inline bool expect_sm90_kernels(const char* force_env) {
+#ifdef FLASHATTN_TEST_CUDA_SM90
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, current_device());
+  const char* force = std::getenv(force_env);
+  return major * 10 + minor == 90 && !(force != nullptr && std::string(force) == "sm80");
+#else
+  (void)force_env;
+  return false;
+#endif
 }
 
 struct CudaFree {

@@ -220,18 +220,9 @@ TEST(CudaForwardMisc, KernelChoice) {
   GpuProblem g(pr, GpuLayout::contiguous);
   const Plan pl = plan(g.params(), Pass::forward);
   ASSERT_TRUE(pl.ok) << pl.reason;
-  int major = 0, minor = 0;
-  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
-  FLASHATTN_ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, current_device()));
-  const char* force = std::getenv("FLASHATTN_CUDA_FWD");
-  const bool forced = force != nullptr && std::string(force) == "sm80";
-#ifdef FLASHATTN_TEST_CUDA_SM90
-  const bool want_sm90 = major * 10 + minor == 90 && !forced;
-#else
-  const bool want_sm90 = false;
-#endif
-  EXPECT_EQ(pl.kernel, want_sm90 ? "cuda_fwd_sm90_tma_wgmma_hdim128" : "cuda_fwd_sm80_mma_hdim128");
-  std::printf("[   INFO   ] forward kernel on cc %d.%d: %s\n", major, minor, pl.kernel.c_str());
+  EXPECT_EQ(pl.kernel, expect_sm90_kernels("FLASHATTN_CUDA_FWD") ? "cuda_fwd_sm90_tma_wgmma_hdim128"
+                                                                  : "cuda_fwd_sm80_mma_hdim128");
+  std::printf("[   INFO   ] forward kernel: %s\n", pl.kernel.c_str());
 }
 
 // The same call twice gives bitwise the same out and lse (no atomics, no races in the forward).

@@ -1,0 +1,53 @@
+// The query block of one forward kernel block, shared by the sm80 and sm90 forwards: which
+// sequence and rows it covers (batched or varlen), and which key tiles any of its rows can see.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/fwd_traits.hpp"
+
+namespace flashattn::cuda {
+
+struct FwdBlock {
+  int b, h, h_k;          // batch (sequence), query head, KV head
+  int m0;                 // first query row of the block within its sequence
+  int len_q, len_k;       // the sequence's lengths
+  int64_t q_start, k_start;  // the sequence's first rows in q/out and k/v (0 when batched)
+  int64_t offset;         // causal/window diagonal offset: len_k − len_q bottom-right, else 0
+  int64_t last_row;       // the block's last valid query row
+  int nb_min, nb_max;     // key tiles [nb_min, nb_max) of block_n keys seen by some row (may be empty)
+};
+
+// Fills `blk` for grid block (gridDim.x − 1 − blockIdx.x, blockIdx.y = head, blockIdx.z = batch):
+// query blocks are taken from the end of the sequence first, since under a causal mask the last
+// ones see the most keys. Returns false when the block lies past its sequence's end (varlen
+// batches are sized by the longest sequence). The key range is params.hpp's visible_keys() over
+// rows m0 .. last_row.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool fwd_block(const FwdParams& p, FwdBlock& blk) {
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  blk.h = blockIdx.y;
+  blk.b = blockIdx.z;
+  blk.q_start = blk.k_start = 0;
+  blk.len_q = p.seqlen_q;
+  blk.len_k = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    blk.q_start = p.cu_seqlens_q[blk.b];
+    blk.len_q = p.cu_seqlens_q[blk.b + 1] - p.cu_seqlens_q[blk.b];
+    blk.k_start = p.cu_seqlens_k[blk.b];
+    blk.len_k = p.cu_seqlens_k[blk.b + 1] - p.cu_seqlens_k[blk.b];
+  }
+  blk.m0 = m_block * kBlockM;
+  if (blk.m0 >= blk.len_q) return false;
+  blk.h_k = blk.h / p.head_ratio;
+  blk.offset = p.align_bottom_right ? int64_t(blk.len_k) - blk.len_q : 0;
+  blk.last_row = min(blk.m0 + kBlockM, blk.len_q) - 1;
+  int64_t key_lo = 0, key_hi = blk.len_k;
+  if (p.window_size_left >= 0) key_lo = max(key_lo, blk.m0 + blk.offset - p.window_size_left);
+  if (p.window_size_right >= 0) key_hi = min(key_hi, blk.last_row + blk.offset + p.window_size_right + 1);
+  blk.nb_min = key_lo >= key_hi ? 0 : int(key_lo / kBlockN);
+  blk.nb_max = key_lo >= key_hi ? 0 : int((key_hi + kBlockN - 1) / kBlockN);
+  return true;
+}
+
+}  // namespace flashattn::cuda
