@@ -34,6 +34,13 @@ if [ "$mode" = build ]; then
     /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,-Bsymbolic -Wl,--no-undefined
   cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
   grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
+  # The sm90 kernels' setmaxnreg split (sm90_utils.cuh) needs exactly 168 registers at entry; any
+  # other count would make the consumers wait forever for registers (a hang, not an error).
+  if grep -A2 -E "Compiling entry.*(fwd|bwd)_sm90_kernel" build-gpu/build.log | grep -E "Used [0-9]+ registers" |
+     grep -vq "Used 168 registers"; then
+    echo "gpu_check: an sm90 kernel was not built with 168 registers at entry (ptxas.txt); refusing to run it"
+    exit 1
+  fi
   CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)
   if [ -x "$CUOBJDUMP" ]; then
     for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o; do

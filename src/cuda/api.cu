@@ -127,13 +127,6 @@ bool use_fwd_sm90(const FwdKernel& k, const detail::Params& p) {
   return k.launch_sm90 != nullptr && !forced_sm80("FLASHATTN_CUDA_FWD") && on_sm90() && tma_fits(p, false);
 }
 
-#ifdef FLASHATTN_CUDA_HAS_BWD
-// The Hopper dK/dV kernel: sm_90, head_dim bucket 64 or 128, not deterministic, TMA-able tensors.
-// FLASHATTN_CUDA_BWD=sm80 forces the sm80 one.
-bool use_bwd_sm90(const detail::Params& p) {
-  return !forced_sm80("FLASHATTN_CUDA_BWD") && bwd_sm90_covers(p) && on_sm90() && tma_fits(p, true);
-}
-#endif
 
 // The smallest shipped bucket that holds both head dims, or nullptr.
 const FwdKernel* pick_fwd(const detail::Params& p) {
@@ -379,6 +372,63 @@ FwdParams make_fwd_params(const detail::Params& p, int64_t max_q, int64_t max_k)
   return f;
 }
 
+#ifdef FLASHATTN_CUDA_HAS_BWD
+// The Hopper dK/dV kernel: sm_90, head_dim bucket 64 or 128, not deterministic, TMA-able tensors.
+// FLASHATTN_CUDA_BWD=sm80 forces the sm80 one.
+bool use_bwd_sm90(const detail::Params& p) {
+  return !forced_sm80("FLASHATTN_CUDA_BWD") && bwd_sm90_covers(p) && on_sm90() && tma_fits(p, true);
+}
+
+// The backward's working sizes: a varlen call's longest sequences as read from the device (the
+// max_seqlen hints, or the packed totals without hints, only bound them; sizing the workspace by
+// the totals grew it with batch²), or the hints under stream capture.
+detail::Params bwd_sized(const detail::Params& p, const Lengths& l) {
+  detail::Params sized = p;
+  if (p.is_varlen && l.error.empty()) {
+    sized.seqlen_q = l.max_q;
+    sized.seqlen_k = l.max_k;
+  }
+  return sized;
+}
+
+// What the backward kernels cannot take, named: int mask arithmetic, the grid's y dimension
+// (resident tiles of keys, or of queries in the deterministic dQ kernel), and the sm80 kernels'
+// shared memory on devices with less than sm_90's 227 KB per block.
+std::optional<std::string> bwd_limits(const detail::Params& p) {
+  if (p.seqlen_q + p.seqlen_k >= (int64_t{1} << 31)) {
+    return "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward, got " + std::to_string(p.seqlen_q) + " + " +
+           std::to_string(p.seqlen_k);
+  }
+  const bool sm90 = use_bwd_sm90(p);
+  const int64_t rows = bwd_block_rows(p, sm90);
+  const int64_t max_rows = 65535 * rows;
+  if (p.seqlen_k > max_rows) {
+    return "seqlen_k: expected at most " + std::to_string(max_rows) + " keys (65535 blocks of " + std::to_string(rows) +
+           ") for the CUDA backward, got " + std::to_string(p.seqlen_k);
+  }
+  if (p.deterministic && p.seqlen_q > max_rows) {
+    return "seqlen_q: expected at most " + std::to_string(max_rows) + " queries (65535 blocks of " +
+           std::to_string(rows) + ") for the deterministic CUDA backward, got " + std::to_string(p.seqlen_q);
+  }
+  if (p.num_heads * p.batch >= (int64_t{1} << 31)) {
+    return "q: expected num_heads * batch < 2^31 for the CUDA backward, got " + std::to_string(p.num_heads) + " * " +
+           std::to_string(p.batch);
+  }
+  if (!sm90) {
+    int device = 0, optin = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int need = bwd_sm80_smem_bytes(p);
+    if (need > optin) {
+      return "head_dim: the CUDA backward for head_dim bucket " + std::to_string(bwd_sm80_head_dim_bucket(p)) +
+             " needs " + std::to_string(need) + " bytes of shared memory per block, the device offers " +
+             std::to_string(optin) + " (head_dim <= 64 fits every sm_80+ GPU)";
+    }
+  }
+  return std::nullopt;
+}
+#endif
+
 }  // namespace
 
 bool available() {
@@ -410,7 +460,12 @@ Plan plan(const detail::Params& p, Pass pass) {
                       std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
-      result.kernel = std::string(use_bwd_sm90(p) ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
+      const detail::Params sized = bwd_sized(p, varlen_lengths(p));
+      if (auto reason = bwd_limits(sized)) {
+        result.reason = *reason;
+        return result;
+      }
+      result.kernel = std::string(use_bwd_sm90(sized) ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
                       std::to_string(bwd_sm80_head_dim_bucket(p));
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
@@ -457,7 +512,9 @@ void backward(const detail::Params& p) {
   if (auto reason = check_common(p, Pass::backward)) throw Error(*reason);
   const Lengths l = varlen_lengths(p);
   if (!l.error.empty()) throw Error(l.error);
-  run_bwd_sm80(p, static_cast<cudaStream_t>(p.stream), use_bwd_sm90(p));
+  const detail::Params sized = bwd_sized(p, l);
+  if (auto reason = bwd_limits(sized)) throw Error(*reason);
+  run_bwd_sm80(sized, static_cast<cudaStream_t>(p.stream), use_bwd_sm90(sized));
 #else
   (void)p;
   throw Error("backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)");

@@ -203,6 +203,13 @@ int bwd_sm80_smem_bytes(const detail::Params& p) {
   return bytes;
 }
 
+int bwd_block_rows(const detail::Params& p, bool use_sm90) {
+  if (use_sm90) return BwdSm90Config<128>::kBlockN;
+  int rows = 0;
+  dispatch_head_dim(bwd_sm80_head_dim_bucket(p), [&](auto hdim) { rows = BwdShape<decltype(hdim)::value>::kRes; });
+  return rows;
+}
+
 bool bwd_sm90_covers(const detail::Params& p) {
 #ifdef FLASHATTN_CUDA_BWD_SM90
   return !p.deterministic && bwd_sm80_head_dim_bucket(p) <= 128;

@@ -3,9 +3,9 @@
 // FA-2's Alg. 2, as in the sm80 kernel, which stays for head_dim 256 and the deterministic mode).
 //
 // One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups:
-//   - the producer (warpgroup 0, 24 registers) loads K and V once, then for every query tile
-//     that sees the block's keys, for every query head of the GQA group, Q, dO (TMA) and the
-//     into kStages buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
+//   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile
+//     that sees the block's keys and every query head of the GQA group, Q and dO into kStages
+//     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile of 64 rows:
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)

@@ -162,7 +162,7 @@ struct BwdSm90Config {
       2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 8 * kStatBytes + 2 * kDqBytes + 256 + 1024;
 };
 
-// Launches the Hopper dK/dV kernel (dq accumulated into p.dq_accum with fp32 atomics) for one
+// Launches the Hopper dK/dV kernel (dq added into the tiled p.dq_accum by bulk reduce-adds) for one
 // (element type, head_dim bucket 64 or 128); instantiated in the generated bwd_sm90_<dtype>_hdim<d>.cu.
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream);

@@ -122,7 +122,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // warpgroups). Launched under __launch_bounds__(384, 1) every thread starts with 168 registers;
 // setmaxnreg.inc blocks until the pool has the registers, so the producer must give back at least
 // what the consumers take: 128 · (168 − 24) = 256 · (240 − 168). (A 32-register producer left the
-// consumers waiting forever: a hang, seen on the H200.)
+// consumers waiting forever: a hang, seen on the H200.) scripts/gpu_check.sh build checks ptxas's
+// report of every sm90 kernel for exactly kEntryRegs registers.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240, kEntryRegs = 168;
 static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs),
               "setmaxnreg: the consumers would wait for registers the producer never frees");
@@ -166,7 +167,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
     FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+#else
+    FA_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q));
+#endif
     if (q != cudaDriverEntryPointSuccess || f == nullptr)
       throw Error("cuda: expected the driver to provide cuTensorMapEncodeTiled (CUDA >= 12), got none");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);

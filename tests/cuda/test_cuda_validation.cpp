@@ -142,5 +142,48 @@ TEST(CudaValidation, PlanNamesTheKernel) {
   EXPECT_TRUE(pl.kernel == "cuda_fwd_sm80_mma_hdim128" || pl.kernel == "cuda_fwd_sm90_tma_wgmma_hdim128") << pl.kernel;
 }
 
+// Backward limits, checked by plan() and backward() before anything runs. The tensors are views
+// with enlarged row counts over small allocations: nothing may be launched on them.
+void expect_backward_refused(const std::function<void(AttentionParams&)>& edit, const std::string& expect) {
+  ProblemConfig c = small();
+  c.batch = 1;
+  c.num_heads = c.num_heads_k = 1;
+  Problem pr(c, fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  AttentionParams a = g.params();
+  edit(a);
+  const Plan pl = plan(a, Pass::backward);
+  EXPECT_FALSE(pl.ok) << "plan accepted a backward it should refuse (" << expect << ")";
+  EXPECT_NE(pl.reason.find(expect), std::string::npos) << "reason: " << pl.reason;
+  try {
+    backward(a);
+    ADD_FAILURE() << "backward() did not throw (" << expect << ")";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << "message: " << e.what();
+  }
+}
+
+TEST(CudaValidation, BackwardSeqlenKBeyondTheGrid) {
+  FLASHATTN_REQUIRE_GPU();
+  // 65535 key blocks of 128 rows is the most a backward grid holds (grid y): one key more is refused
+  // by name (it was a bare "invalid configuration" launch error).
+  expect_backward_refused(
+      [](AttentionParams& a) {
+        for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = 65535 * 128 + 1;
+      },
+      "seqlen_k: expected at most 8388480 keys");
+}
+
+TEST(CudaValidation, BackwardSeqlenSumBeyondInt) {
+  FLASHATTN_REQUIRE_GPU();
+  expect_backward_refused(
+      [](AttentionParams& a) {
+        for (TensorView* t : {&a.q, &a.out, &a.dout, &a.dq}) t->shape[1] = int64_t{1} << 30;
+        a.lse.shape[2] = int64_t{1} << 30;
+        for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = int64_t{1} << 30;
+      },
+      "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward");
+}
+
 }  // namespace
 }  // namespace flashattn::testing
