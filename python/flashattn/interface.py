@@ -149,8 +149,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
         k: [total_k, num_heads_k, head_dim]; v: [total_k, num_heads_k, head_dim_v].
         cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] on q's device, prefix sums of the lengths
             (starting at 0, ending at total_q / total_k). Sequences may be empty.
-        max_seqlen_q, max_seqlen_k: the longest sequence of each (0 lets the library derive it on CPU;
-            on CUDA it sizes the grid, so pass it for speed).
+        max_seqlen_q, max_seqlen_k: bounds on the longest sequence of each (0: none). On CUDA the
+            library reads the actual longest lengths from cu_seqlens (one device sync) and sizes its
+            grids and the backward's workspace by them; under CUDA graph capture it cannot, and uses
+            these bounds (or the packed totals when 0), so pass them there.
         Other arguments as in flash_attn_func.
 
     Returns:
