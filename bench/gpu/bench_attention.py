@@ -62,7 +62,7 @@ _OUR_ENV_KNOBS = set()
 def ours(q, k, v, do, causal, variant=None, fwd_kernel=None, env=None):
     """Through the package's public flash_attn_func (its op layer is an internal detail).
     fwd_kernel="sm80" forces the sm80 forward on a Hopper GPU (FLASHATTN_CUDA_FWD); env sets other
-    kernel-selection variables (e.g. FLASHATTN_SM90_FWD_VARIANT) for this contender only."""
+    kernel-selection variables (e.g. FLASHATTN_CUDA_BWD=sm80) for this contender only."""
     import flashattn
 
     env = dict(env or {})
