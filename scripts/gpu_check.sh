@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The CUDA backend's GPU check in one device call (issue 3).
+# The CUDA backend's GPU check in one device call (issues 3-5).
 #
 #   scripts/gpu_check.sh build        here (no GPU needed): Release build with the CUDA backend into
 #                                     build-gpu/, then build-gpu/dist/ gets what the device needs:
 #                                     test_cuda, libflashattn.so (the static library linked whole,
-#                                     cudart static), libgomp, and SASS/ptxas reports.
-#   scripts/gpu_check.sh run [what]   on the GPU machine (carry build-gpu/dist): GPU tests,
-#                                     compute-sanitizer (memcheck, racecheck, initcheck, synccheck)
-#                                     on a small representative subset, and the benchmark. Logs go to
-#                                     $OUT (or ./gpu-check-out); a short table is printed last.
-#                                     what: any of tests,sanitize,python,bench,quickbench (default
-#                                     tests,sanitize,bench).
-# Environment: GTEST_FILTER narrows the test run; BENCH_ARGS are passed to bench_attention.py.
+#                                     cudart static), libgomp, and SASS/ptxas reports; refuses sm90
+#                                     kernels not built with 168 registers at entry.
+#   scripts/gpu_check.sh [run [what]] on the GPU machine (carry build-gpu/dist; run is the default):
+#                                     what: any of tests, sanitize, python, bench, quickbench
+#                                     (default tests,sanitize,bench):
+#                                       tests      the GPU tests, then the forward/backward suites
+#                                                  again with the sm80 kernels forced;
+#                                       sanitize   compute-sanitizer memcheck, racecheck, initcheck,
+#                                                  synccheck on a small representative subset;
+#                                       python     pytest over tests/python, and examples/train_gpt.py
+#                                                  on .carry/tinyshakespeare.txt when present (copy
+#                                                  ../shared/data/tinyshakespeare.txt there, carry .carry);
+#                                       bench      bench/gpu/bench_attention.py (quickbench: --quick).
+#                                     Logs go to $OUT (or ./gpu-check-out); a short table is printed last.
+# Environment: GTEST_FILTER narrows the test run and GTEST_FILTER_SM80 the sm80-forced rerun;
+# BENCH_ARGS are passed to bench_attention.py; TRAIN_STEPS (default 300) to train_gpt.py; for build,
+# CUDA_BWD=OFF leaves the backward out and FWD_SWEEP=ON builds the sm80 forward's tile sweep.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -58,7 +67,8 @@ mkdir -p "$OUT"
 what=${2:-tests,sanitize,bench}
 export LD_LIBRARY_PATH="$PWD/$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 summary=()
-# At most 8 files come back from the device: tests.log, sanitize.log, bench.{log,md,json,png}.
+# The device tool returns a limited number of files: tests.log, tests_sm80.log, sanitize.log,
+# python.log, train_gpt.json, bench.{log,md,json,png}; run fewer steps per call if some are left out.
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
 
 if [[ $what == *tests* ]]; then

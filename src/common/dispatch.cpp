@@ -1,4 +1,4 @@
-// The single answer to "can this call run, and on which kernel?" (STYLE.md), and the entry points
+// The single answer to "can this call run, and on which kernel?" (../shared/STYLE.md), and the entry points
 // that act on it.
 #include <cstdlib>
 

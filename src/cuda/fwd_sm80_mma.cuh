@@ -10,7 +10,7 @@
 // Masks: the visible key range of the block bounds the loop (block skipping for causal and sliding
 // windows); only tiles that cross a mask boundary or the sequence end pay per-element masking.
 // Softcap and ALiBi are uniform runtime branches: they do not change the tensor-core loop, so they
-// do not multiply the instantiations (STYLE.md).
+// do not multiply the instantiations (../shared/STYLE.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// Accuracy grid of the CPU backend against the float64 reference (STYLE.md "Tests"): every dtype,
+// Accuracy grid of the CPU backend against the float64 reference (../shared/STYLE.md "Tests"): every dtype,
 // the hard shapes (lengths 0, 1, just off tile multiples, seqlen_q > seqlen_k and the reverse),
 // head dims 1..256, head_dim_v != head_dim, causal in both alignments, sliding windows, softcap,
 // ALiBi [H] and [B, H], MHA/GQA/MQA, varlen with empty sequences, fully masked rows, strided

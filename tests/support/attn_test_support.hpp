@@ -2,7 +2,7 @@
 // head-major) layouts, NaN poisoning, random inputs with a fresh seed per run, conversion to
 // float64, and the project's accuracy criterion (check_close).
 //
-// Criterion (docs/helpers-brief.md, STYLE.md "Tests"): against the float64 reference,
+// Criterion (../shared/STYLE.md "Tests"): against the float64 reference,
 //   max|ours − ref64| ≤ 2 · max|naive − ref64| + floor(dtype) · max|ref64|
 // where naive is the same formula with every intermediate rounded to the input dtype
 // (reference::Precision::input). The floor is one unit in the last place at the largest
