@@ -9,11 +9,28 @@ key, where SDPA returns NaN). Gradients come from autograd through it.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed():
+    """Fresh random inputs every run (FLASHATTN_TEST_SEED repeats one); the seed is printed so that
+    a failure can be replayed. Test modules import it to make it theirs."""
+    seed = int(os.environ.get("FLASHATTN_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    torch.manual_seed(seed)
+    print(f"FLASHATTN_TEST_SEED={seed}")
+    yield
+
+
+def rand(shape, dtype, device):
+    """N(0, 1) drawn in float32 on the CPU (the same values on every device), as a leaf that wants grad."""
+    return torch.randn(shape, dtype=torch.float32).to(dtype=dtype, device=device).requires_grad_()
 
 
 @dataclass

@@ -5,7 +5,6 @@ Every case runs on CPU tensors, and on CUDA tensors when a GPU and the CUDA back
 failure can be replayed with FLASHATTN_TEST_SEED.
 """
 
-import os
 
 import pytest
 
@@ -13,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
 from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from attn_reference import Case, assert_close_to_oracle, reference  # noqa: E402
+from attn_reference import Case, assert_close_to_oracle, fresh_seed, rand, reference  # noqa: E402,F401
 
 CUDA_OK = torch.cuda.is_available() and flashattn.cuda_available()
 CUDA_SKIP = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device, or flashattn built without its CUDA backend")
@@ -35,18 +34,6 @@ def device_dtypes(dtypes=(torch.float32, torch.float16, torch.bfloat16)):
 
 def default_dtype(device):
     return torch.float32 if device == "cpu" else torch.bfloat16
-
-
-@pytest.fixture(autouse=True)
-def fresh_seed():
-    seed = int(os.environ.get("FLASHATTN_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    torch.manual_seed(seed)
-    print(f"FLASHATTN_TEST_SEED={seed}")
-    yield
-
-
-def rand(shape, dtype, device):
-    return torch.randn(shape, dtype=torch.float32).to(dtype=dtype, device=device).requires_grad_()
 
 
 def grads(out, inputs, dout):

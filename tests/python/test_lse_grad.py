@@ -4,7 +4,6 @@ A loss that uses lse (alone or with out) must give the exact dq, dk, dv, never a
 term. CPU tensors (and CUDA ones when a GPU and the CUDA backend are present).
 """
 
-import os
 
 import pytest
 
@@ -12,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
 from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from attn_reference import Case, assert_close_to_oracle, reference  # noqa: E402
+from attn_reference import Case, assert_close_to_oracle, fresh_seed, rand, reference  # noqa: E402,F401
 
 CUDA_OK = torch.cuda.is_available() and flashattn.cuda_available()
 CUDA_SKIP = pytest.mark.skipif(not CUDA_OK, reason="no CUDA device, or flashattn built without its CUDA backend")
@@ -22,18 +21,6 @@ DEVICE_DTYPES = [
     pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
     pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=CUDA_SKIP),
 ]
-
-
-@pytest.fixture(autouse=True)
-def fresh_seed():
-    seed = int(os.environ.get("FLASHATTN_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    torch.manual_seed(seed)
-    print(f"FLASHATTN_TEST_SEED={seed}")
-    yield
-
-
-def rand(shape, dtype, device):
-    return torch.randn(shape, dtype=torch.float32).to(dtype=dtype, device=device).requires_grad_()
 
 
 def loss_grads(out, lse, inputs, dout, dlse):
