@@ -21,13 +21,8 @@ import sys
 import time
 
 
-def flops(b, h, s, d, causal, bwd):
-    f = 4.0 * b * h * s * s * d
-    if causal:
-        f /= 2
-    if bwd:
-        f *= 2.5
-    return f
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from attention_flops import attention_flops  # noqa: E402
 
 
 def cpu_model():
@@ -127,7 +122,7 @@ def main():
                               file=sys.stderr, flush=True)
                         t = time_torch(torch, 1, args.heads, r["seqlen_q"], r["head_dim"], tdtype, r["causal"], bwd,
                                        args.repeats, args.max_seconds)
-                        row["torch_gflops"] = flops(1, args.heads, r["seqlen_q"], r["head_dim"], r["causal"], bwd) / t / 1e9
+                        row["torch_gflops"] = attention_flops(1, args.heads, r["seqlen_q"], r["seqlen_q"], r["head_dim"], r["causal"], bwd) / t / 1e9
                     rows.append(row)
 
     meta = {

@@ -33,15 +33,10 @@ from triton.testing import do_bench
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+from attention_flops import attention_flops  # noqa: E402
 
 
-def flops(b, h, sq, sk, d, causal, bwd):
-    f = 4.0 * b * h * sq * sk * d
-    if causal:
-        f /= 2
-    if bwd:
-        f *= 2.5
-    return f
 
 
 def make_inputs(b, s, h, hk, d, dtype):
@@ -247,11 +242,11 @@ def main():
                         rec["out"] = o.float()
                         t = do_bench(fwd, warmup=10, rep=args.rep_ms, return_mode="median")
                         rec["fwd_ms"] = t
-                        rec["fwd_tflops"] = flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
+                        rec["fwd_tflops"] = attention_flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
                         if not args.no_bwd:
                             t = do_bench(bwd, warmup=10, rep=args.rep_ms, return_mode="median")
                             rec["bwd_ms"] = t
-                            rec["bwd_tflops"] = flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
+                            rec["bwd_tflops"] = attention_flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
                     except Exception as e:
                         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                     rows.append(rec)
