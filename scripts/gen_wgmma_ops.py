@@ -19,31 +19,28 @@ def regs(first, count):
     return ",".join(f"%{i}" for i in range(first, first + count))
 
 
+def emit_smem_form(name, n, nacc, ptx_type, acc_ops, trans):
+    """A form with both operands from shared memory; trans = (imm-trans-a, imm-trans-b), 1 = MN-major."""
+    a, b, sc = nacc, nacc + 1, nacc + 2
+    return [
+        "  __device__ __forceinline__ static void %s(float (&d)[%d], uint64_t desc_a, uint64_t desc_b, int accumulate) {"
+        % (name, nacc),
+        '    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc,
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
+        f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, {trans[0]}, {trans[1]};\\n}}\\n"',
+        f'        : {acc_ops}',
+        '        : "l"(desc_a), "l"(desc_b), "r"(accumulate));',
+        "  }",
+    ]
+
+
 def emit(tag, ptx_type, n):
     nacc = n // 2
     acc_ops = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
-    out = []
-    out.append(f"template <>\nstruct Wgmma<{tag}, {n}> {{")
-    # ss
-    a, b, sc = nacc, nacc + 1, nacc + 2
-    out.append(
-        "  __device__ __forceinline__ static void ss(float (&d)[%d], uint64_t desc_a, uint64_t desc_b, int accumulate) {" % nacc)
-    out.append('    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc)
-    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "')
-    out.append(f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n"')
-    out.append(f'        : {acc_ops}')
-    out.append('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
-    out.append("  }")
-    # tt: both operands MN-major (transposed)
-    out.append(
-        "  __device__ __forceinline__ static void tt(float (&d)[%d], uint64_t desc_a, uint64_t desc_b, int accumulate) {" % nacc)
-    out.append('    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc)
-    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "')
-    out.append(f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, 1, 1;\\n}}\\n"')
-    out.append(f'        : {acc_ops}')
-    out.append('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
-    out.append("  }")
-    # rs
+    out = [f"template <>\nstruct Wgmma<{tag}, {n}> {{"]
+    out += emit_smem_form("ss", n, nacc, ptx_type, acc_ops, (0, 0))  # both K-major
+    out += emit_smem_form("tt", n, nacc, ptx_type, acc_ops, (1, 1))  # both MN-major (transposed)
+    # rs: A from registers, B MN-major
     a0, bd, sc = nacc, nacc + 4, nacc + 5
     out.append(
         "  __device__ __forceinline__ static void rs(float (&d)[%d], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {" % nacc)
