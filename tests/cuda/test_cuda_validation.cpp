@@ -23,20 +23,21 @@ ProblemConfig small(DType dt = DType::bf16, int64_t d = 64) {
   return c;
 }
 
-// Runs plan() and forward() on the params that `edit` produced and checks both refuse with a reason
-// containing `expect`, leaving out and lse untouched.
+// Runs plan() and forward() (or backward()) on the params that `edit` produced and checks both
+// refuse with a reason containing `expect`, leaving out and lse untouched.
 void expect_refused(const ProblemConfig& cfg, const std::function<void(AttentionParams&, GpuProblem&)>& edit,
-                    const std::string& expect) {
+                    const std::string& expect, Pass pass = Pass::forward) {
   Problem pr(cfg, fresh_seed());
   GpuProblem g(pr, GpuLayout::contiguous);
   AttentionParams a = g.params();
   edit(a, g);
-  const Plan pl = plan(a, Pass::forward);
+  const Plan pl = plan(a, pass);
   EXPECT_FALSE(pl.ok) << "plan accepted a call it should refuse (" << expect << ")";
   EXPECT_NE(pl.reason.find(expect), std::string::npos) << "reason: " << pl.reason;
   try {
-    forward(a);
-    ADD_FAILURE() << "forward() did not throw (" << expect << ")";
+    if (pass == Pass::forward) forward(a);
+    else backward(a);
+    ADD_FAILURE() << (pass == Pass::forward ? "forward" : "backward") << "() did not throw (" << expect << ")";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << "message: " << e.what();
   }
@@ -148,19 +149,7 @@ void expect_backward_refused(const std::function<void(AttentionParams&)>& edit, 
   ProblemConfig c = small();
   c.batch = 1;
   c.num_heads = c.num_heads_k = 1;
-  Problem pr(c, fresh_seed());
-  GpuProblem g(pr, GpuLayout::contiguous);
-  AttentionParams a = g.params();
-  edit(a);
-  const Plan pl = plan(a, Pass::backward);
-  EXPECT_FALSE(pl.ok) << "plan accepted a backward it should refuse (" << expect << ")";
-  EXPECT_NE(pl.reason.find(expect), std::string::npos) << "reason: " << pl.reason;
-  try {
-    backward(a);
-    ADD_FAILURE() << "backward() did not throw (" << expect << ")";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << "message: " << e.what();
-  }
+  expect_refused(c, [&](AttentionParams& a, GpuProblem&) { edit(a); }, expect, Pass::backward);
 }
 
 TEST(CudaValidation, BackwardSeqlenKBeyondTheGrid) {
