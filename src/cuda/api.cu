@@ -394,12 +394,11 @@ detail::Params bwd_sized(const detail::Params& p, const Lengths& l) {
 // What the backward kernels cannot take, named: int mask arithmetic, the grid's y dimension
 // (resident tiles of keys, or of queries in the deterministic dQ kernel), and the sm80 kernels'
 // shared memory on devices with less than sm_90's 227 KB per block.
-std::optional<std::string> bwd_limits(const detail::Params& p) {
+std::optional<std::string> bwd_limits(const detail::Params& p, bool sm90) {
   if (p.seqlen_q + p.seqlen_k >= (int64_t{1} << 31)) {
     return "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward, got " + std::to_string(p.seqlen_q) + " + " +
            std::to_string(p.seqlen_k);
   }
-  const bool sm90 = use_bwd_sm90(p);
   const int64_t rows = bwd_block_rows(p, sm90);
   const int64_t max_rows = 65535 * rows;
   if (p.seqlen_k > max_rows) {
@@ -447,6 +446,7 @@ Plan plan(const detail::Params& p, Pass pass) {
       result.reason = *reason;
       return result;
     }
+    const Lengths l = varlen_lengths(p);  // one device read of cu_seqlens serves both uses below
     if (pass == Pass::forward) {
       const FwdKernel* k = pick_fwd(p);
       if (k == nullptr) {
@@ -460,19 +460,19 @@ Plan plan(const detail::Params& p, Pass pass) {
                       std::to_string(k->head_dim);
     } else {
 #ifdef FLASHATTN_CUDA_HAS_BWD
-      const detail::Params sized = bwd_sized(p, varlen_lengths(p));
-      if (auto reason = bwd_limits(sized)) {
+      const detail::Params sized = bwd_sized(p, l);
+      const bool sm90 = use_bwd_sm90(sized);
+      if (auto reason = bwd_limits(sized, sm90)) {
         result.reason = *reason;
         return result;
       }
-      result.kernel = std::string(use_bwd_sm90(sized) ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
+      result.kernel = std::string(sm90 ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
                       std::to_string(bwd_sm80_head_dim_bucket(p));
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
       return result;
 #endif
     }
-    const Lengths l = varlen_lengths(p);
     if (!l.error.empty()) {
       result.reason = l.error;
       result.kernel.clear();
@@ -513,8 +513,9 @@ void backward(const detail::Params& p) {
   const Lengths l = varlen_lengths(p);
   if (!l.error.empty()) throw Error(l.error);
   const detail::Params sized = bwd_sized(p, l);
-  if (auto reason = bwd_limits(sized)) throw Error(*reason);
-  run_bwd_sm80(sized, static_cast<cudaStream_t>(p.stream), use_bwd_sm90(sized));
+  const bool sm90 = use_bwd_sm90(sized);
+  if (auto reason = bwd_limits(sized, sm90)) throw Error(*reason);
+  run_bwd_sm80(sized, static_cast<cudaStream_t>(p.stream), sm90);
 #else
   (void)p;
   throw Error("backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)");
