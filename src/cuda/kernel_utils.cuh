@@ -1,5 +1,5 @@
 // PTX helpers shared by the sm80 forward and backward kernels: tensor-core mma.sync m16n8k16 with
-// fp32 accumulation, ldmatrix (plain and transposed), cp.async 16-byte copies with zero-fill
+// fp32 accumulation, ldmatrix x4 (plain and transposed), cp.async 16-byte copies with zero-fill
 // predication and their commit/wait groups, quad (4-lane) reductions, exp2 and fp32 -> f16/bf16
 // packing. Every helper is a thin wrapper over one instruction so that the kernels read like the
 // algorithm (FlashAttention-2, Dao 2023) and the SASS stays predictable.
@@ -80,18 +80,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
 
