@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_postprocess_kernel(const _
   const int lane = threadIdx.x % 32, b = blockIdx.y;
   // Row i of (b, h): stat = (b * num_heads + h) * stat_rows + i. Eight consecutive columns
   // (c % 8 == 0) stay contiguous and 32-byte aligned in either accumulator layout.
-  const int64_t head_base = (r.stat - r.i) * (p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim);
+  const int64_t head_base = (r.stat - r.i) * dq_accum_row_floats(p);
   Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + r.q_row * p.dq_row_stride +
                  r.h * p.dq_head_stride;
   const float s = p.softmax_scale;
@@ -227,9 +227,8 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
-  const bool bulk_dq = use_sm90;
-  bp.dq_accum_cols = bulk_dq ? bwd_sm80_head_dim_bucket(p) : 0;
-  const int64_t accum_count = p.deterministic ? 0 : stat_count * (bulk_dq ? bp.dq_accum_cols : bp.head_dim);
+  bp.dq_accum_cols = use_sm90 ? bwd_sm80_head_dim_bucket(p) : 0;
+  const int64_t accum_count = p.deterministic ? 0 : stat_count * dq_accum_row_floats(bp);
   const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);
   StreamBuffer ws;
   ws.stream = stream;

@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (tid == 0) {
             // Rows past the sequence end hold exact zeros (their dS columns are 0); the
             // statistics rows are padded, so the whole tile lies inside the accumulator.
-            float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * p.dq_accum_cols +
+            float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
                          dq_accum_offset(p, m0, col0);
             bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
             bulk_commit();

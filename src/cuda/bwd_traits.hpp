@@ -54,6 +54,11 @@ struct BwdParams {
   int dq_accum_cols;
 };
 
+// Floats per query row of the dq accumulator (see BwdParams): its tile columns, or head_dim.
+__host__ __device__ inline int dq_accum_row_floats(const BwdParams& p) {
+  return p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim;
+}
+
 // Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams).
 __host__ __device__ inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
   if (p.dq_accum_cols == 0) return row * p.head_dim + col;
