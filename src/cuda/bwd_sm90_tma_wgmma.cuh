@@ -112,22 +112,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensormap(&tmap_q);
       prefetch_tensormap(&tmap_do);
       mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
-#pragma unroll
-      for (int pn = 0; pn < kPanels; ++pn) {
-        tma_load_4d(sK + pn * BN * 128, &tmap_k, kv_full, pn * 64, int(k_start) + n0, hk, tma_batch);
-        tma_load_4d(sV + pn * BN * 128, &tmap_v, kv_full, pn * 64, int(k_start) + n0, hk, tma_batch);
-      }
+      tma_load_tile<kPanels, BN>(sK, &tmap_k, kv_full, int(k_start) + n0, hk, tma_batch);
+      tma_load_tile<kPanels, BN>(sV, &tmap_v, kv_full, int(k_start) + n0, hk, tma_batch);
       int s = 0;
       uint32_t phase = 0;
       for (int t = 0; t < iters; ++t) {
         const int h = head_of(t), m0 = m0_of(t);
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
-#pragma unroll
-        for (int pn = 0; pn < kPanels; ++pn) {
-          tma_load_4d(sQ(s) + pn * BM * 128, &tmap_q, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
-          tma_load_4d(sDO(s) + pn * BM * 128, &tmap_do, full(s), pn * 64, int(q_start) + m0, h, tma_batch);
-        }
+        tma_load_tile<kPanels, BM>(sQ(s), &tmap_q, full(s), int(q_start) + m0, h, tma_batch);
+        tma_load_tile<kPanels, BM>(sDO(s), &tmap_do, full(s), int(q_start) + m0, h, tma_batch);
         if (++s == S) {
           s = 0;
           phase ^= 1;

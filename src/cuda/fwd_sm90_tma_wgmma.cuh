@@ -106,25 +106,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensormap(&tmap_k);
       prefetch_tensormap(&tmap_v);
       mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-#pragma unroll
-      for (int pn = 0; pn < kPanels; ++pn)
-        tma_load_4d(sQ + pn * BM * 128, &tmap_q, q_full, pn * 64, int(q_start) + m0, h, tma_batch);
+      tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(q_start) + m0, h, tma_batch);
       int stage = 0;
       uint32_t phase = 0;
       for (int nb = nb_max - 1; nb >= nb_min; --nb) {
         const int row = int(k_start) + nb * BN;
         mbar_wait(k_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
-#pragma unroll
-        for (int pn = 0; pn < kPanels; ++pn)
-          tma_load_4d(sK + stage * Cfg::kKVBytes + pn * BN * 128, &tmap_k, k_full(stage), pn * 64, row, h_k,
-                      tma_batch);
+        tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, h_k, tma_batch);
         mbar_wait(v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
-#pragma unroll
-        for (int pn = 0; pn < kPanels; ++pn)
-          tma_load_4d(sV + stage * Cfg::kKVBytes + pn * BN * 128, &tmap_v, v_full(stage), pn * 64, row, h_k,
-                      tma_batch);
+        tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, h_k, tma_batch);
         if (++stage == S) {
           stage = 0;
           phase ^= 1;

@@ -93,6 +93,15 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A whole swizzled tile (sm90_utils.cuh's layout): kRows rows from `row` of (head, batch), all
+// kPanels 64-column panels, one TMA box each, completing on `bar`.
+template <int kPanels, int kRows>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                              int batch) {
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) tma_load_4d(dst + pn * kRows * 128, map, bar, pn * 64, row, head, batch);
+}
+
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
