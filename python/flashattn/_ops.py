@@ -16,6 +16,8 @@ Layouts are the library's (see include/flashattn/flashattn.hpp):
 from __future__ import annotations
 
 import ctypes
+import math
+import struct
 from typing import List, Optional, Tuple
 
 import torch
@@ -46,14 +48,10 @@ _I64x4 = ctypes.c_int64 * 4
 _EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32"}
 
 
-def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
-    """An fa_tensor describing t (an empty one, meaning "not given", for None).
-
-    Called several times per attention call, so it builds the struct in one constructor call
-    (field-by-field ctypes assignment costs several times more).
-    """
+def _tensor(t: Optional[Tensor], name: str) -> Tuple[int, ...]:
+    """The 13 values of an fa_tensor describing t, in _capi.PARAMS_STRUCT's order (NO_TENSOR for None)."""
     if t is None:
-        return _capi.FaTensor()
+        return _capi.NO_TENSOR
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
         expected = _EXPECTED_DTYPES.get(name, "float32, float16 or bfloat16")
@@ -62,7 +60,8 @@ def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
     if expected is not None and str(t.dtype) != "torch." + expected:
         raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
     shape = t.shape
-    if len(shape) > 4:
+    ndim = len(shape)
+    if ndim > 4:
         raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(shape)}")
     device = t.device
     if device.type == "cpu":
@@ -71,7 +70,17 @@ def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
         dev, index = _capi.DEVICE_CUDA, device.index if device.index is not None else torch.cuda.current_device()
     else:
         raise FlashAttnError(f"{name}: expected a cpu or cuda tensor, got device {device}")
-    return _capi.FaTensor(t.data_ptr(), code, dev, index, len(shape), _I64x4(*shape), _I64x4(*t.stride()))
+    pad = _PAD[ndim]
+    return (t.data_ptr(), code, dev, index, ndim, *shape, *pad, *t.stride(), *pad)
+
+
+_PAD = [(0,) * (4 - n) for n in range(5)]
+
+
+def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
+    """An fa_tensor (ctypes) describing t; an empty one, meaning "not given", for None."""
+    x = _tensor(t, name)
+    return _capi.FaTensor(*x[:5], _I64x4(*x[5:9]), _I64x4(*x[9:13]))
 
 
 # Scalar options travel as two lists, int_opts = [max_seqlen_q, max_seqlen_k, causal, causal_align
@@ -105,37 +114,56 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def _fill_common(p: _capi.FaParams, q: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                 alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple:
-    """Fills the options and the small tensors; returns the tensors p points into, which the
-    caller must keep alive until the library call returns (they may be fresh contiguous copies)."""
+def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
+          dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+          cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
+          float_opts: List[float]) -> None:
+    """One fa_forward / fa_backward call on these tensors and options (the options as pack_options()
+    makes them); CUDA work goes on q's device, on torch's current stream there."""
     if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
         raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
                              f"got {len(int_opts)} and {len(float_opts)}")
-    (p.max_seqlen_q, p.max_seqlen_k, p.causal, p.causal_align, p.window_size_left, p.window_size_right,
-     p.deterministic) = int_opts
-    p.softmax_scale, p.softcap = float_opts
+    max_seqlen_q, max_seqlen_k, causal, causal_align, window_left, window_right, deterministic = int_opts
+    # float32 fields: C's conversion turns a finite double beyond float32's range into inf (which the
+    # library refuses by name); struct.pack would raise OverflowError instead.
+    softmax_scale, softcap = (x if -_capi.FLOAT32_MAX <= x <= _capi.FLOAT32_MAX or x != x
+                              else math.copysign(math.inf, x) for x in map(float, float_opts))
     # The library reads these as dense arrays; q, k, v may be strided, these small ones are copied
-    # when they are not (e.g. a slice of a larger slopes table).
+    # when they are not (e.g. a slice of a larger slopes table). `kept` holds them until the call returns.
     kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes))
-    p.cu_seqlens_q = _view(kept[0], "cu_seqlens_q")
-    p.cu_seqlens_k = _view(kept[1], "cu_seqlens_k")
-    p.alibi_slopes = _view(kept[2], "alibi_slopes")
-    if q.device.type == "cuda":
-        p.stream = torch.cuda.current_stream(q.device).cuda_stream
+    cuda = q.device.type == "cuda"
+    if cuda:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        stream, num_threads = _current_stream(index), 0
     else:
         # Follow torch's intra-op thread setting rather than the library's "all cores" default.
-        p.num_threads = torch.get_num_threads()
-    return kept
-
-
-def _run(fn, q: Tensor, p: _capi.FaParams) -> None:
-    if q.device.type == "cuda":
+        index, stream, num_threads = 0, 0, torch.get_num_threads()
+    try:
+        packed = _capi.PARAMS_STRUCT.pack(
+            *_tensor(q, "q"), *_tensor(k, "k"), *_tensor(v, "v"), *_tensor(out, "out"), *_tensor(lse, "lse"),
+            *_tensor(dout, "dout"), *_tensor(dq, "dq"), *_tensor(dk, "dk"), *_tensor(dv, "dv"),
+            *_tensor(kept[0], "cu_seqlens_q"), *_tensor(kept[1], "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, causal_align, window_left, window_right, softcap,
+            *_tensor(kept[2], "alibi_slopes"), deterministic, num_threads, stream)
+    except struct.error as e:  # only a direct op call can get here: pack_options() range-checks its values
+        raise FlashAttnError(f"int_opts: expected [max_seqlen_q, max_seqlen_k, causal, causal_align, "
+                             f"window_size_left, window_size_right, deterministic] within the C fields' ranges "
+                             f"(int64, int32 for the flags), got {list(int_opts)} ({e})") from None
+    if cuda and index != torch.cuda.current_device():
         # The library launches on the current device; make it q's (as a CUDA kernel launcher must).
-        with torch.cuda.device(q.device):
-            fn(p)
+        with torch.cuda.device(index):
+            _capi.run_packed(backward_pass, packed)
     else:
-        fn(p)
+        _capi.run_packed(backward_pass, packed)
+
+
+def _current_stream(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    # Inductor's own call for the raw cudaStream_t (a torch.cuda.Stream object is not built per call).
+    _current_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
 
 
 def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
@@ -148,9 +176,8 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
     return (q.shape[1], q.shape[0])
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
     """Attention forward (FA-2 Alg. 1). Returns (out, lse); layouts in the module docstring, options
     as pack_options() makes them. deterministic only matters to the backward and is carried here
     so that autograd can hand it on.
@@ -160,12 +187,12 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
         raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
     out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
-    p = _capi.FaParams()
-    p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
-    p.out, p.lse = _view(out, "out"), _view(lse, "lse")
-    kept = _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)  # noqa: F841
-    _run(_capi.forward, q, p)
+    _call(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
+          float_opts)
     return out, lse
+
+
+fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
 
 
 @fwd.register_fake
@@ -182,12 +209,7 @@ def _backward_call(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    p = _capi.FaParams()
-    p.q, p.k, p.v = _view(q, "q"), _view(k, "k"), _view(v, "v")
-    p.out, p.lse, p.dout = _view(out, "out"), _view(lse, "lse"), _view(dout, "dout")
-    p.dq, p.dk, p.dv = _view(dq, "dq"), _view(dk, "dk"), _view(dv, "dv")
-    kept = _fill_common(p, q, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)  # noqa: F841
-    _run(_capi.backward, q, p)
+    _call(True, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     return dq, dk, dv
 
 
@@ -215,10 +237,10 @@ def _lse_term(q: Tensor, k: Tensor, lse: Tensor, dlse: Tensor, cu_seqlens_q: Opt
     return dq, dk
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def bwd(dout: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-        cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
-        int_opts: List[int], float_opts: List[float], dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def _bwd_impl(dout: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+              int_opts: List[int], float_opts: List[float],
+              dlse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Attention backward (FA-2 Alg. 2). Returns (dq, dk, dv) with the shapes and dtype of q, k, v.
 
     dout is the gradient of out (None: out did not reach the loss), dlse (float32, lse's shape) the
@@ -241,6 +263,9 @@ def bwd(dout: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         dq.add_(dq_lse)
         dk.add_(dk_lse)
     return dq, dk, dv
+
+
+bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
 
 
 @bwd.register_fake
@@ -267,3 +292,52 @@ def _fwd_backward(ctx, dout, dlse):
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """fwd with its autograd, for eager calls on plain tensors: the same implementations as the
+    registered ops, without torch.library's per-call Python dispatch around them.
+
+    A custom_op's autograd wrapper, redispatch and output checks cost 100-350 us of host time
+    per call on the H200's host (bench/gpu/host_overhead.py), several times the kernels' own
+    time at training shapes such as examples/train_gpt.py's (flash-attn's FlashAttnFunc is an
+    autograd.Function over C++ ops for the same reason). Compiled code, tensor subclasses, fake
+    tensors, torch.func transforms and dispatch modes take the registered ops (use_eager()).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
+        out, lse = _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+        _fwd_setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts),
+                           (out, lse))
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        if dout is None and dlse is None:
+            return None, None, None, None, None, None, None, None
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def use_eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether a call may take _EagerAttention: plain tensors, no compile, transform or mode that
+    must see the operator."""
+    return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._is_torch_function_mode_enabled())
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+    """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
+    if use_eager(q, k, v):
+        return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+
+
+_fwd_op = torch.ops.flashattn.fwd.default  # the OpOverload: calling it skips the packet's overload lookup

@@ -32,7 +32,6 @@ from . import _ops
 from ._capi import FlashAttnError
 
 _ALIGNS = ("bottom_right", "top_left")
-_fwd = torch.ops.flashattn.fwd.default  # the OpOverload: calling it skips the packet's overload lookup
 
 
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
@@ -128,7 +127,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                                        causal_align)
     _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
-    out, lse = _fwd(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
+    out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
     return (out, lse) if return_lse else out
 
 
@@ -169,7 +168,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(max_seqlen_q, max_seqlen_k, scale, causal, causal_align, left, right,
                                              softcap, deterministic)
-    out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    out, lse = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     return (out, lse) if return_lse else out
 
 

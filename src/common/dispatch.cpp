@@ -24,9 +24,7 @@ Plan plan(const AttentionParams& params, Pass pass) {
 void forward(const AttentionParams& params) {
   const detail::Params p = detail::validate(params, Pass::forward);
   if (p.device == Device::cuda) {
-    const Plan pl = cuda::plan(p, Pass::forward);
-    if (!pl.ok) throw Error(pl.reason);
-    cuda::forward(p);
+    cuda::forward(p);  // makes plan()'s checks itself: a second pass would read cu_seqlens twice
   } else {
     cpu::forward(p);
   }
@@ -35,9 +33,7 @@ void forward(const AttentionParams& params) {
 void backward(const AttentionParams& params) {
   const detail::Params p = detail::validate(params, Pass::backward);
   if (p.device == Device::cuda) {
-    const Plan pl = cuda::plan(p, Pass::backward);
-    if (!pl.ok) throw Error(pl.reason);
-    cuda::backward(p);
+    cuda::backward(p);  // makes plan()'s checks itself: a second pass would read cu_seqlens twice
   } else {
     cpu::backward(p);
   }

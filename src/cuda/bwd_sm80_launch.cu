@@ -59,6 +59,14 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_preprocess_kernel(const __
   const RowOfWarp r = row_of_warp(p);
   if (!r.active) return;
   const int lane = threadIdx.x % 32, b = blockIdx.y;
+  if (p.dq_accum != nullptr) {
+    // The dq accumulator starts at zero: each (row, head) warp clears one row's worth of it (the
+    // warps cover the whole buffer, whatever its tile layout), which saves the cudaMemsetAsync
+    // call and its kernel per backward. Rows are multiples of 8 floats, the buffer 16-byte aligned.
+    const int n4 = dq_accum_row_floats(p) / 4;
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + r.stat * n4 * 4);
+    for (int c = lane; c < n4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (!r.valid) {
     if (lane == 0) {
       p.dsum[r.stat] = 0.f;
@@ -241,9 +249,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // of kStatRowAlign. (Unpadded, batch * num_heads * seqlen_q odd put it 8 bytes off: "misaligned
   // address" in the postprocess at seqlen_q = 1.)
   static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");
-  bp.dq_accum = p.deterministic ? nullptr : base + 2 * stat_count;
-  if (bp.dq_accum != nullptr && accum_count > 0)
-    FA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, static_cast<size_t>(accum_count) * sizeof(float), stream));
+  bp.dq_accum = p.deterministic || accum_count == 0 ? nullptr : base + 2 * stat_count;  // zeroed by the preprocess
 
   const int64_t row_warps = static_cast<int64_t>(bp.stat_rows) * bp.num_heads;
   const dim3 row_grid(static_cast<unsigned>((row_warps + kRowWarps - 1) / kRowWarps), bp.batch);

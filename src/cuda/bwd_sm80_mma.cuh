@@ -487,7 +487,7 @@ void launch_bwd_sm80(const BwdParams& p, void* stream) {
     throw Error("head_dim: the CUDA backward for head_dim bucket " + std::to_string(kHeadDim) + " needs " +
                 std::to_string(smem) + " bytes of shared memory per block, the device offers " +
                 std::to_string(optin));
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const int rows = kDqMode ? p.seqlen_q : p.seqlen_k;
   const dim3 grid((kDqMode ? p.num_heads : p.num_heads_k) * p.batch, (rows + Shape::kRes - 1) / Shape::kRes);
   kernel<<<grid, Shape::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);

@@ -405,7 +405,7 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
                                                      p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
   auto kernel = bwd_sm90_kernel<Elem, Cfg>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv, tdo);
   FA_CUDA_CHECK(cudaGetLastError());

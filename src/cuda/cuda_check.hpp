@@ -3,7 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "flashattn/flashattn.hpp"
 
@@ -23,3 +26,22 @@ namespace flashattn::cuda {
     if (fa_cuda_err_ != cudaSuccess)                                                     \
       ::flashattn::cuda::throw_cuda_error(fa_cuda_err_, #expr, __FILE__, __LINE__);      \
   } while (0)
+
+namespace flashattn::cuda {
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) on the current device, once per
+// (kernel, device, bytes): the attribute stays set for the device's context, and setting it again
+// on every call cost ~5 us of host time per launch (bench/gpu/host_overhead.py). After a
+// cudaDeviceReset the launch fails with CUDA's "invalid argument" (reported as a library error).
+inline void set_max_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device, bytes}) != 0) return;
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.insert({kernel, device, bytes});
+}
+
+}  // namespace flashattn::cuda

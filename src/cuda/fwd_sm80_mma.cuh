@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
 template <typename Elem, typename Shape>
 void launch_fwd_sm80_config(const FwdParams& p, int batch, int max_seqlen_q, void* stream) {
   auto kernel = fwd_sm80_kernel<Elem, Shape>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes);
   const dim3 grid((max_seqlen_q + Shape::kBlockM - 1) / Shape::kBlockM, p.num_heads, batch);
   kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p);
   FA_CUDA_CHECK(cudaGetLastError());

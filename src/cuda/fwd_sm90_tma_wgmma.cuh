@@ -393,7 +393,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
                                                p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
-  FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const dim3 grid((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv);
   FA_CUDA_CHECK(cudaGetLastError());

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <string>
 
 #include "gpu_test_support.hpp"
@@ -143,35 +145,42 @@ TEST(CudaValidation, PlanNamesTheKernel) {
   EXPECT_TRUE(pl.kernel == "cuda_fwd_sm80_mma_hdim128" || pl.kernel == "cuda_fwd_sm90_tma_wgmma_hdim128") << pl.kernel;
 }
 
-// Backward limits, checked by plan() and backward() before anything runs. The tensors are views
-// with enlarged row counts over small allocations: nothing may be launched on them.
-void expect_backward_refused(const std::function<void(AttentionParams&)>& edit, const std::string& expect) {
+// Backward limits, checked by plan() and backward() before anything runs, on views with far more
+// rows than any GPU could hold. The views must still pass validate()'s aliasing checks, which
+// compare byte ranges: every tensor moves into one small allocation, inputs first, with the long
+// inputs (k, v) at row stride 0 so that their ranges stay small, and outputs last, whose long
+// ranges then reach past the allocation's end but over no input. Nothing is ever launched on them.
+void expect_backward_refused(int64_t seqlen_k, const std::string& expect) {
   ProblemConfig c = small();
   c.batch = 1;
   c.num_heads = c.num_heads_k = 1;
-  expect_refused(c, [&](AttentionParams& a, GpuProblem&) { edit(a); }, expect, Pass::backward);
+  std::shared_ptr<void> slab;
+  expect_refused(
+      c,
+      [&](AttentionParams& a, GpuProblem&) {
+        constexpr size_t kSlot = size_t{1} << 20;  // each small tensor here needs < 16 KB
+        TensorView* order[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv};
+        void* p = nullptr;
+        ASSERT_EQ(cudaMalloc(&p, kSlot * std::size(order)), cudaSuccess);
+        slab.reset(p, CudaFree{});
+        for (size_t i = 0; i < std::size(order); ++i) order[i]->data = static_cast<char*>(p) + i * kSlot;
+        for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = seqlen_k;
+        a.k.stride[1] = a.v.stride[1] = 0;
+      },
+      expect, Pass::backward);
 }
 
 TEST(CudaValidation, BackwardSeqlenKBeyondTheGrid) {
   FLASHATTN_REQUIRE_GPU();
-  // 65535 key blocks of 128 rows is the most a backward grid holds (grid y): one key more is refused
-  // by name (it was a bare "invalid configuration" launch error).
-  expect_backward_refused(
-      [](AttentionParams& a) {
-        for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = 65535 * 128 + 1;
-      },
-      "seqlen_k: expected at most 8388480 keys");
+  // 65535 key blocks is the most a backward grid holds (grid y): one key more is refused by name
+  // (it was a bare "invalid configuration" launch error). Blocks hold 128 keys in both kernels at
+  // head_dim 64.
+  expect_backward_refused(65535 * 128 + 1, "seqlen_k: expected at most 8388480 keys (65535 blocks of 128)");
 }
 
 TEST(CudaValidation, BackwardSeqlenSumBeyondInt) {
   FLASHATTN_REQUIRE_GPU();
-  expect_backward_refused(
-      [](AttentionParams& a) {
-        for (TensorView* t : {&a.q, &a.out, &a.dout, &a.dq}) t->shape[1] = int64_t{1} << 30;
-        a.lse.shape[2] = int64_t{1} << 30;
-        for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = int64_t{1} << 30;
-      },
-      "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward");
+  expect_backward_refused((int64_t{1} << 31) - 40, "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward, got 40 + ");
 }
 
 }  // namespace

@@ -128,3 +128,63 @@ def test_compile_dynamic_shapes_forward_backward():
         torch.testing.assert_close(loss_c, loss_e)
         for a, b in zip(g_c, g_e):
             torch.testing.assert_close(a, b)
+
+
+# Eager calls on plain tensors take _ops._EagerAttention (the same implementations without
+# torch.library's per-call dispatch, which cost 100-350 us of host time per call); everything
+# that must see the operator takes flashattn::fwd. Both must compute the same bits.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["batched_causal", "varlen", "batched_alibi_bf16"])
+def test_eager_path_matches_the_registered_op(device, case):
+    from flashattn import _ops
+
+    args = fwd_args(device, **OPCHECK_CASES[case])
+    q, k, v = args[:3]
+    assert _ops.use_eager(q, k, v)
+    results = []
+    for call in (_ops._EagerAttention.apply, torch.ops.flashattn.fwd.default):
+        out, lse = call(*args)
+        dout, dlse = torch.ones_like(out), torch.ones_like(lse)
+        finite = torch.isfinite(lse)  # rows that see no key have lse = -inf: no gradient through them
+        grads = torch.autograd.grad((out * dout).sum() + lse[finite].sum(), (q, k, v))
+        results.append((out, lse, *grads))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_modes_and_fake_tensors_see_the_operator():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flashattn import _ops
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = fwd_args("cpu")[:3]
+    with Recorder() as rec:
+        assert not _ops.use_eager(q, k, v)
+        flash_attn_func(q, k, v, causal=True)
+    assert "flashattn.fwd.default" in rec.ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        assert not _ops.use_eager(fq, fk, fv)
+        assert flash_attn_func(fq, fk, fv).shape == q.shape
+
+
+def test_direct_op_calls_with_out_of_range_options_fail_by_name():
+    q, k, v, cu_q, cu_k, slopes, int_opts, float_opts = fwd_args("cpu", requires_grad=False)
+    # A double beyond float32's range becomes inf, as C's conversion makes it, and is refused by name.
+    with pytest.raises(flashattn.FlashAttnError, match="softmax_scale"):
+        torch.ops.flashattn.fwd(q, k, v, cu_q, cu_k, slopes, int_opts, [1e39, 0.0])
+    bad = list(int_opts)
+    bad[2] = 1 << 40  # causal travels as an int32 flag
+    with pytest.raises(flashattn.FlashAttnError, match="int_opts: expected"):
+        torch.ops.flashattn.fwd(q, k, v, cu_q, cu_k, slopes, bad, float_opts)

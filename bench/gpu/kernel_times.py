@@ -1,0 +1,66 @@
+"""Per-kernel GPU time of one attention forward + backward (torch.profiler), ours and the SDPA
+backends, at one shape: where the time of a backward goes (preprocess, main kernel, dq
+postprocess, memsets) and how it compares kernel by kernel.
+
+  python3 bench/gpu/kernel_times.py --batch 32 --seqlen 512 --heads 32 --head-dim 64 [--causal]
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+import flashattn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    shape = (args.batch, args.seqlen, args.heads, args.head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+
+    def ours():
+        flashattn.flash_attn_func(q, k, v, causal=args.causal).backward(g)
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal).backward(g.transpose(1, 2))
+        return run
+
+    print(f"bf16 {shape} causal={args.causal}: GPU time per fwd+bwd, by kernel (us), {args.iters} iterations")
+    for name, fn in (("ours", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION)), ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.iters):
+                fn()
+            torch.cuda.synchronize()
+        total = 0.0
+        rows = []
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None)
+            if t is None:
+                t = e.cuda_time_total
+            if t > 0 and e.key not in ("",):
+                rows.append((t / args.iters, e.key))
+        rows.sort(reverse=True)
+        print(f"== {name}")
+        for t, key in rows[:8]:
+            total += t
+            print(f"  {t:9.1f}  {key[:110]}")
+        print(f"  {sum(t for t, _ in rows):9.1f}  total")
+
+
+if __name__ == "__main__":
+    main()
