@@ -18,23 +18,31 @@ namespace flashattn::cuda {
 
 namespace {
 
-constexpr int kRowWarps = 8;  // warps per block of the row-wise pre/postprocess; one warp per (row, head)
+constexpr int kRowThreads = 256;  // threads per block of the row-wise pre/postprocess
 
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-struct RowOfWarp {
+// The pre/postprocess give each (row, head) kTpr consecutive threads, one 16-byte chunk (8
+// elements) each per step: kTpr = head_dim bucket / 8, so a warp covers 32 / kTpr heads of one
+// row, which are adjacent in memory. (One warp per row left 24 of 32 lanes idle at head_dim 64,
+// and both kernels took twice FA-2's time: bench/gpu/kernel_times.py, perf-notes.)
+template <int kTpr>
+struct RowUnit {
   bool active;  // inside [0, stat_rows) x [0, num_heads) of the grid
   bool valid;   // and inside its sequence
+  int sub;      // this thread's index among the row's kTpr threads
   int i, h;
   int64_t q_row;  // row of q/out/dout/dq in the tensors (sequence start + i)
   int64_t stat;   // index into dsum / lse_log2
 };
 
-__device__ __forceinline__ RowOfWarp row_of_warp(const BwdParams& p) {
-  RowOfWarp r{};
+template <int kTpr>
+__device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
+  RowUnit<kTpr> r{};
   const int b = blockIdx.y;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / kTpr;
+  r.sub = threadIdx.x % kTpr;
   r.active = w < static_cast<int64_t>(p.stat_rows) * p.num_heads;
   if (!r.active) return r;
   r.i = static_cast<int>(w / p.num_heads);
@@ -51,64 +59,74 @@ __device__ __forceinline__ RowOfWarp row_of_warp(const BwdParams& p) {
   return r;
 }
 
+// Sum over the kTpr threads of a row (aligned groups of lanes: xor offsets below kTpr stay inside).
+template <int kTpr>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int o = kTpr / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 // D_i = Σ_d dout_id · out_id (FA-2 Alg. 2 line 4) in fp32, and lse·log2(e) with −inf (a row that
 // sees no key) turned into +inf so that the main kernels get P = exp2(s − (+inf)) = 0, never NaN.
-template <typename Elem>
-__global__ void __launch_bounds__(32 * kRowWarps) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
+// Also clears the dq accumulator (the atomic / bulk-reduce target of the main kernel), which saves
+// a cudaMemsetAsync call and its kernel per backward.
+template <typename Elem, int kTpr>
+__global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
-  const RowOfWarp r = row_of_warp(p);
-  if (!r.active) return;
-  const int lane = threadIdx.x % 32, b = blockIdx.y;
   if (p.dq_accum != nullptr) {
-    // The dq accumulator starts at zero: each (row, head) warp clears one row's worth of it (the
-    // warps cover the whole buffer, whatever its tile layout), which saves the cudaMemsetAsync
-    // call and its kernel per backward. Rows are multiples of 8 floats, the buffer 16-byte aligned.
-    const int n4 = dq_accum_row_floats(p) / 4;
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + r.stat * n4 * 4);
-    for (int c = lane; c < n4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    // A flat grid-stride sweep over the whole buffer, whatever its tile layout (16-byte aligned,
+    // a multiple of 8 floats per row).
+    const int64_t n4 = static_cast<int64_t>(p.batch) * p.num_heads * p.stat_rows * dq_accum_row_floats(p) / 4;
+    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum);
+    for (int64_t x = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x; x < n4;
+         x += nthreads)
+      acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (!r.valid) {
-    if (lane == 0) {
-      p.dsum[r.stat] = 0.f;
-      p.lse_log2[r.stat] = INFINITY;
+  const RowUnit<kTpr> r = row_unit<kTpr>(p);
+  const int b = blockIdx.y;
+  float acc = 0.f;
+  if (r.active && r.valid) {
+    const Storage* o = static_cast<const Storage*>(p.out) + b * p.o_batch_stride + r.q_row * p.o_row_stride +
+                       r.h * p.o_head_stride;
+    const Storage* d = static_cast<const Storage*>(p.dout) + b * p.do_batch_stride +
+                       r.q_row * p.do_row_stride + r.h * p.do_head_stride;
+    for (int c = r.sub * 8; c < p.head_dim_v; c += kTpr * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+      const Storage* oe = reinterpret_cast<const Storage*>(&ov);
+      const Storage* de = reinterpret_cast<const Storage*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += to_float(oe[e]) * to_float(de[e]);
     }
+  }
+  acc = row_sum<kTpr>(acc);  // every lane takes part: the shuffles name the full warp
+  if (!r.active || r.sub != 0) return;
+  if (!r.valid) {
+    p.dsum[r.stat] = 0.f;
+    p.lse_log2[r.stat] = INFINITY;
     return;
   }
-  const Storage* o = static_cast<const Storage*>(p.out) + b * p.o_batch_stride + r.q_row * p.o_row_stride +
-                     r.h * p.o_head_stride;
-  const Storage* d = static_cast<const Storage*>(p.dout) + b * p.do_batch_stride +
-                     r.q_row * p.do_row_stride + r.h * p.do_head_stride;
-  float acc = 0.f;
-  for (int c = lane * 8; c < p.head_dim_v; c += 256) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-    const Storage* oe = reinterpret_cast<const Storage*>(&ov);
-    const Storage* de = reinterpret_cast<const Storage*>(&dv);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc += to_float(oe[e]) * to_float(de[e]);
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    p.dsum[r.stat] = acc;
-    const float lse = p.lse[b * p.lse_batch_stride + r.h * p.lse_head_stride + r.q_row * p.lse_row_stride];
-    p.lse_log2[r.stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-  }
+  p.dsum[r.stat] = acc;
+  const float lse = p.lse[b * p.lse_batch_stride + r.h * p.lse_head_stride + r.q_row * p.lse_row_stride];
+  p.lse_log2[r.stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
 }
 
 // dq = softmax_scale · dq_accum, converted to the element type (FA-2 Alg. 2's final dQ write).
-template <typename Elem>
-__global__ void __launch_bounds__(32 * kRowWarps) bwd_postprocess_kernel(const __grid_constant__ BwdParams p) {
+template <typename Elem, int kTpr>
+__global__ void __launch_bounds__(kRowThreads) bwd_postprocess_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
-  const RowOfWarp r = row_of_warp(p);
+  const RowUnit<kTpr> r = row_unit<kTpr>(p);
   if (!r.active || !r.valid) return;
-  const int lane = threadIdx.x % 32, b = blockIdx.y;
+  const int b = blockIdx.y;
   // Row i of (b, h): stat = (b * num_heads + h) * stat_rows + i. Eight consecutive columns
   // (c % 8 == 0) stay contiguous and 32-byte aligned in either accumulator layout.
   const int64_t head_base = (r.stat - r.i) * dq_accum_row_floats(p);
   Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + r.q_row * p.dq_row_stride +
                  r.h * p.dq_head_stride;
   const float s = p.softmax_scale;
-  for (int c = lane * 8; c < p.head_dim; c += 256) {
+  for (int c = r.sub * 8; c < p.head_dim; c += kTpr * 8) {
     const float* src = p.dq_accum + head_base + dq_accum_offset(p, r.i, c);
     const float4 x0 = *reinterpret_cast<const float4*>(src);
     const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
@@ -251,34 +269,36 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");
   bp.dq_accum = p.deterministic || accum_count == 0 ? nullptr : base + 2 * stat_count;  // zeroed by the preprocess
 
-  const int64_t row_warps = static_cast<int64_t>(bp.stat_rows) * bp.num_heads;
-  const dim3 row_grid(static_cast<unsigned>((row_warps + kRowWarps - 1) / kRowWarps), bp.batch);
   const int bucket = bwd_sm80_head_dim_bucket(p);
   dispatch_dtype(p.dtype, [&](auto elem) {
     using Elem = decltype(elem);
-    if (row_grid.x > 0) {
-      bwd_preprocess_kernel<Elem><<<row_grid, 32 * kRowWarps, 0, stream>>>(bp);
-      FA_CUDA_CHECK(cudaGetLastError());
-    }
     dispatch_head_dim(bucket, [&](auto hdim) {
       constexpr int kHeadDim = decltype(hdim)::value;
+      constexpr int kTpr = kHeadDim / 8;  // threads per (row, head) in the pre/postprocess
+      const int64_t row_units = static_cast<int64_t>(bp.stat_rows) * bp.num_heads;
+      const dim3 row_grid(static_cast<unsigned>((row_units * kTpr + kRowThreads - 1) / kRowThreads), bp.batch);
+      if (row_grid.x > 0) {
+        bwd_preprocess_kernel<Elem, kTpr><<<row_grid, kRowThreads, 0, stream>>>(bp);
+        FA_CUDA_CHECK(cudaGetLastError());
+      }
       if (bp.seqlen_k > 0) {
+        bool launched = false;
 #ifdef FLASHATTN_CUDA_BWD_SM90
         if constexpr (kHeadDim <= 128) {
           if (use_sm90) {
             launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
-            return;
+            launched = true;
           }
         }
 #endif
-        launch_bwd_sm80<Elem, kHeadDim, false>(bp, stream);
+        if (!launched) launch_bwd_sm80<Elem, kHeadDim, false>(bp, stream);
       }
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
+      if (!p.deterministic && row_grid.x > 0) {
+        bwd_postprocess_kernel<Elem, kTpr><<<row_grid, kRowThreads, 0, stream>>>(bp);
+        FA_CUDA_CHECK(cudaGetLastError());
+      }
     });
-    if (!p.deterministic && row_grid.x > 0) {
-      bwd_postprocess_kernel<Elem><<<row_grid, 32 * kRowWarps, 0, stream>>>(bp);
-      FA_CUDA_CHECK(cudaGetLastError());
-    }
   });
 }
 
