@@ -48,30 +48,36 @@ _I64x4 = ctypes.c_int64 * 4
 _EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32"}
 
 
-def _tensor(t: Optional[Tensor], name: str) -> Tuple[int, ...]:
-    """The 13 values of an fa_tensor describing t, in _capi.PARAMS_STRUCT's order (NO_TENSOR for None)."""
-    if t is None:
-        return _capi.NO_TENSOR
+def _tensor(t: Tensor, name: str) -> Tuple[int, ...]:
+    """The 13 values of an fa_tensor describing t, in _capi.PARAMS_STRUCT's order. Runs up to 11
+    times per attention call, so it reads each property once (fixed dtypes: _fixed_dtype)."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
         expected = _EXPECTED_DTYPES.get(name, "float32, float16 or bfloat16")
-        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
-    expected = _EXPECTED_DTYPES.get(name)
-    if expected is not None and str(t.dtype) != "torch." + expected:
         raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
     shape = t.shape
     ndim = len(shape)
     if ndim > 4:
         raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(shape)}")
-    device = t.device
-    if device.type == "cpu":
+    if t.is_cuda:
+        dev, index = _capi.DEVICE_CUDA, t.get_device()
+    elif t.is_cpu:
         dev, index = _capi.DEVICE_CPU, 0
-    elif device.type == "cuda":
-        dev, index = _capi.DEVICE_CUDA, device.index if device.index is not None else torch.cuda.current_device()
     else:
-        raise FlashAttnError(f"{name}: expected a cpu or cuda tensor, got device {device}")
+        raise FlashAttnError(f"{name}: expected a cpu or cuda tensor, got device {t.device}")
     pad = _PAD[ndim]
     return (t.data_ptr(), code, dev, index, ndim, *shape, *pad, *t.stride(), *pad)
+
+
+def _fixed_dtype(t: Optional[Tensor], name: str) -> Tuple[int, ...]:
+    """_tensor for the arguments whose dtype is fixed (cu_seqlens int32, alibi_slopes float32);
+    NO_TENSOR for None."""
+    if t is None:
+        return _capi.NO_TENSOR
+    expected = _EXPECTED_DTYPES[name]
+    if str(t.dtype) != "torch." + expected:
+        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+    return _tensor(t, name)
 
 
 _PAD = [(0,) * (4 - n) for n in range(5)]
@@ -79,7 +85,7 @@ _PAD = [(0,) * (4 - n) for n in range(5)]
 
 def _view(t: Optional[Tensor], name: str) -> _capi.FaTensor:
     """An fa_tensor (ctypes) describing t; an empty one, meaning "not given", for None."""
-    x = _tensor(t, name)
+    x = _capi.NO_TENSOR if t is None else _fixed_dtype(t, name) if name in _EXPECTED_DTYPES else _tensor(t, name)
     return _capi.FaTensor(*x[:5], _I64x4(*x[5:9]), _I64x4(*x[9:13]))
 
 
@@ -126,30 +132,35 @@ def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     max_seqlen_q, max_seqlen_k, causal, causal_align, window_left, window_right, deterministic = int_opts
     # float32 fields: C's conversion turns a finite double beyond float32's range into inf (which the
     # library refuses by name); struct.pack would raise OverflowError instead.
-    softmax_scale, softcap = (x if -_capi.FLOAT32_MAX <= x <= _capi.FLOAT32_MAX or x != x
-                              else math.copysign(math.inf, x) for x in map(float, float_opts))
+    softmax_scale, softcap = float(float_opts[0]), float(float_opts[1])
+    if abs(softmax_scale) > _capi.FLOAT32_MAX:  # False for NaN, which the library refuses by name
+        softmax_scale = math.copysign(math.inf, softmax_scale)
+    if abs(softcap) > _capi.FLOAT32_MAX:
+        softcap = math.copysign(math.inf, softcap)
     # The library reads these as dense arrays; q, k, v may be strided, these small ones are copied
     # when they are not (e.g. a slice of a larger slopes table). `kept` holds them until the call returns.
     kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes))
-    cuda = q.device.type == "cuda"
+    cuda = q.is_cuda
     if cuda:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        index = q.get_device()
         stream, num_threads = _current_stream(index), 0
     else:
         # Follow torch's intra-op thread setting rather than the library's "all cores" default.
         index, stream, num_threads = 0, 0, torch.get_num_threads()
     try:
+        none = _capi.NO_TENSOR
         packed = _capi.PARAMS_STRUCT.pack(
             *_tensor(q, "q"), *_tensor(k, "k"), *_tensor(v, "v"), *_tensor(out, "out"), *_tensor(lse, "lse"),
-            *_tensor(dout, "dout"), *_tensor(dq, "dq"), *_tensor(dk, "dk"), *_tensor(dv, "dv"),
-            *_tensor(kept[0], "cu_seqlens_q"), *_tensor(kept[1], "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
-            softmax_scale, causal, causal_align, window_left, window_right, softcap,
-            *_tensor(kept[2], "alibi_slopes"), deterministic, num_threads, stream)
+            *(none if dout is None else _tensor(dout, "dout")), *(none if dq is None else _tensor(dq, "dq")),
+            *(none if dk is None else _tensor(dk, "dk")), *(none if dv is None else _tensor(dv, "dv")),
+            *_fixed_dtype(kept[0], "cu_seqlens_q"), *_fixed_dtype(kept[1], "cu_seqlens_k"), max_seqlen_q,
+            max_seqlen_k, softmax_scale, causal, causal_align, window_left, window_right, softcap,
+            *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, stream)
     except struct.error as e:  # only a direct op call can get here: pack_options() range-checks its values
         raise FlashAttnError(f"int_opts: expected [max_seqlen_q, max_seqlen_k, causal, causal_align, "
                              f"window_size_left, window_size_right, deterministic] within the C fields' ranges "
                              f"(int64, int32 for the flags), got {list(int_opts)} ({e})") from None
-    if cuda and index != torch.cuda.current_device():
+    if cuda and index != _current_device():
         # The library launches on the current device; make it q's (as a CUDA kernel launcher must).
         with torch.cuda.device(index):
             _capi.run_packed(backward_pass, packed)
@@ -161,9 +172,12 @@ def _current_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-if hasattr(torch._C, "_cuda_getCurrentRawStream"):
-    # Inductor's own call for the raw cudaStream_t (a torch.cuda.Stream object is not built per call).
+_current_device = torch.cuda.current_device
+if hasattr(torch._C, "_cuda_getCurrentRawStream") and hasattr(torch._C, "_cuda_getDevice"):
+    # Inductor's own calls for the raw cudaStream_t and the device (no torch.cuda.Stream object
+    # built, no lazy-init check per call; q being a CUDA tensor means CUDA is initialized).
     _current_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
+    _current_device = torch._C._cuda_getDevice
 
 
 def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
@@ -185,8 +199,8 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if v.dim() < 1:
         raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
-    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     _call(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
           float_opts)
     return out, lse
@@ -206,9 +220,7 @@ def _backward_call(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
                    int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor, Tensor]:
     dout, out = _last_dim_contiguous(dout), _last_dim_contiguous(out)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     _call(True, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     return dq, dk, dv
 
