@@ -367,25 +367,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The last bulk reduce must finish reading shared memory before the block exits.
     if (tid == 0) bulk_wait_read<0>();
 
-    // Epilogue: dK = scale · dK and dV, straight from the accumulators (key row kr0 + 8hr,
-    // column 8j + 2·t4); rows past the sequence end are not written.
-    Storage* dk_ptr = static_cast<Storage*>(p.dk) + b * p.dk_batch_stride + (k_start + n0) * p.dk_row_stride +
-                      hk * p.dk_head_stride;
-    Storage* dv_ptr = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + n0) * p.dv_row_stride +
-                      hk * p.dv_head_stride;
+    // Epilogue: dK = scale · dK and dV through shared memory, so that the global stores are whole
+    // 16-byte chunks of a row (stores straight from the accumulators wrote 4 bytes per lane and
+    // half of every 32-byte sector: ncu, perf-notes). Each consumer stages its 64 key rows in its
+    // own rows of sK / sV (same 128-byte swizzle as the TMA tiles), which no product reads any
+    // more once both consumers are past their last dQ (at head_dim 128, dQ reads all 128 keys).
+    named_barrier_sync(1, 256);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int row = kr0 + hr * 8, col = 8 * j + 2 * t4;
-        if (row >= len_k - n0) continue;
-        if (col < p.head_dim)
-          *reinterpret_cast<uint32_t*>(dk_ptr + row * p.dk_row_stride + col) =
-              pack2<Elem>(dk[4 * j + 2 * hr] * scale, dk[4 * j + 2 * hr + 1] * scale);
-        if (col < p.head_dim_v)
-          *reinterpret_cast<uint32_t*>(dv_ptr + row * p.dv_row_stride + col) =
-              pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
+        const int row = kr0 + hr * 8;
+        const uint32_t off = (j / 8) * BN * 128 + row * 128 + ((((j % 8) ^ row) & 7) << 4) + 4 * t4;
+        *reinterpret_cast<uint32_t*>(gptr(sK + off)) = pack2<Elem>(dk[4 * j + 2 * hr] * scale, dk[4 * j + 2 * hr + 1] * scale);
+        *reinterpret_cast<uint32_t*>(gptr(sV + off)) = pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
       }
+    named_barrier_sync(2 + cw, 128);
+    Storage* dk_ptr = static_cast<Storage*>(p.dk) + b * p.dk_batch_stride + (k_start + n0) * p.dk_row_stride +
+                      hk * p.dk_head_stride;
+    Storage* dv_ptr = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + n0) * p.dv_row_stride +
+                      hk * p.dv_head_stride;
+    // Rows past the sequence end and columns past head_dim (head_dim_v) are not written.
+    for (int i = tid; i < 64 * (D / 8); i += 128) {
+      const int row = cw * 64 + i / (D / 8), c8 = i % (D / 8);
+      if (row >= len_k - n0) break;  // i grows with the row
+      const uint32_t off = (c8 / 8) * BN * 128 + row * 128 + ((((c8 % 8) ^ row) & 7) << 4);
+      if (c8 * 8 < p.head_dim)
+        *reinterpret_cast<uint4*>(dk_ptr + row * p.dk_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sK + off));
+      if (c8 * 8 < p.head_dim_v)
+        *reinterpret_cast<uint4*>(dv_ptr + row * p.dv_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sV + off));
+    }
   }
 #endif
 }
