@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
   const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
   const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
-  const uint32_t bars = sDQ0 + 2 * Cfg::kDqBytes;
+  const uint32_t bars = sDQ0 + 2 * Cfg::kDqStages * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
   const uint32_t kv_full = bars;
@@ -293,6 +293,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (t + 1 < iters) stats[((t + 1) & 1) * 2 * BM + tid] = next_stat;
 
         // dQ (64 queries x 64 columns per warpgroup) = dS K: A = dSᵀ read MN-major, B = K MN-major.
+        // With two staging buffers, this barrier also tells the warpgroup that the buffer of this
+        // step is free: the bulk reduce of two steps ago (same buffer) has finished reading it.
+        if (Cfg::kDqStages == 2 && tid == 0) bulk_wait_read<1>();
         if constexpr (kDqSplitN) named_barrier_sync(1, 256);
         else named_barrier_sync(2 + cw, 128);
         float dq[32];
@@ -335,9 +338,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // One 16 KB bulk reduce-add per consumer and tile (FA-3's dQ path): the tile is staged
           // in this consumer's buffer in the accumulator's own tiled layout (bwd_traits.hpp
           // dq_accum_offset), after the previous reduce has finished reading it.
-          const uint32_t sDQ = sDQ0 + cw * Cfg::kDqBytes;
-          if (tid == 0) bulk_wait_read<0>();
-          named_barrier_sync(4 + cw, 128);
+          const uint32_t sDQ = sDQ0 + (cw * Cfg::kDqStages + (t % Cfg::kDqStages)) * Cfg::kDqBytes;
+          if constexpr (Cfg::kDqStages == 1) {
+            if (tid == 0) bulk_wait_read<0>();
+            named_barrier_sync(4 + cw, 128);
+          }
 #pragma unroll
           for (int j = 0; j < 8; ++j)
 #pragma unroll

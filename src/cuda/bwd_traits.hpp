@@ -163,8 +163,12 @@ struct BwdSm90Config {
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
   static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
   static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile
-  static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 8 * kStatBytes + 2 * kDqBytes + 256 + 1024;
+  // dQ staging buffers per consumer: with two, a step writes its tile while the previous step's
+  // bulk reduce may still read the other, and the wait for the one before moves off the critical
+  // path (head_dim 64; at 128 a second buffer would pass 227 KB).
+  static constexpr int kDqStages = kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 8 * kStatBytes +
+                                    2 * kDqStages * kDqBytes + 256 + 1024;
 };
 
 // Launches the Hopper dK/dV kernel (dq added into the tiled p.dq_accum by bulk reduce-adds) for one
