@@ -3,7 +3,9 @@
 A drop-in for the flash-attn package's functions (same names, arguments and
 [batch, seqlen, num_heads, head_dim] layout), backed by the project's own C++/CUDA library through
 its C API, and registered as torch.library custom ops (flashattn::fwd, flashattn::bwd) so that
-autograd, torch.compile(fullgraph=True) and CUDA graphs work. See flashattn.interface for the math.
+autograd, torch.compile(fullgraph=True) and CUDA graphs work (eager calls on plain tensors take an
+autograd.Function over the same implementations, without the ops' per-call dispatch cost; see
+flashattn._ops.use_eager). See flashattn.interface for the math.
 """
 
 from ._capi import FlashAttnError, cuda_available, library_path
