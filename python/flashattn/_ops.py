@@ -295,12 +295,18 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _fwd_backward(ctx, dout, dlse):
+def _input_grads(backward_fn, ctx, dout, dlse):
+    """The gradients of fwd's eight inputs from those of (out, lse), through backward_fn (the bwd
+    op, or _bwd_impl on the eager path)."""
     if dout is None and dlse is None:
         return None, None, None, None, None, None, None, None
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
+    dq, dk, dv = backward_fn(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
     return dq, dk, dv, None, None, None, None, None
+
+
+def _fwd_backward(ctx, dout, dlse):
+    return _input_grads(bwd, ctx, dout, dlse)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -327,11 +333,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        if dout is None and dlse is None:
-            return None, None, None, None, None, None, None, None
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
-        return dq, dk, dv, None, None, None, None, None
+        return _input_grads(_bwd_impl, ctx, dout, dlse)
 
 
 def use_eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
