@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import struct
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from . import _capi
 from ._capi import FlashAttnError
@@ -40,7 +42,11 @@ _ALIGN_CODES = {"bottom_right": _capi.ALIGN_BOTTOM_RIGHT, "top_left": _capi.ALIG
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
     # The library takes any strides but needs the last dimension contiguous (as flash-attn does).
-    return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+    if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1:
+        return t
+    # An empty tensor counts as contiguous to torch whatever its strides (e.g. the stride-0 gradient
+    # that sum() hands back), so contiguous() would return it unchanged.
+    return t.contiguous() if t.numel() > 0 else t.new_empty(t.shape)
 
 
 _I64x4 = ctypes.c_int64 * 4
@@ -98,6 +104,24 @@ NUM_INT_OPTS, NUM_FLOAT_OPTS = 7, 2
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+def as_int(name: str, value) -> int:
+    """value as a Python int (int, bool, numpy or 0-dim torch integer); a float such as 1.7, NaN or
+    None raises, naming the argument, instead of being truncated or failing inside int()."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise FlashAttnError(f"{name}: expected an integer, got {value!r}") from None
+
+
+def as_float(name: str, value) -> float:
+    """value as a Python float (any real number); None, strings or tensors of more than one
+    element raise, naming the argument."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise FlashAttnError(f"{name}: expected a real number, got {value!r}") from None
+
+
 def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
                  window_size_left: int, window_size_right: int, softcap: float,
                  deterministic: bool) -> Tuple[List[int], List[float]]:
@@ -106,8 +130,9 @@ def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, cau
         raise FlashAttnError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
     # The library's fields are int64: a Python int outside that range would otherwise fail inside
     # torch's schema check with a message that names int_opts, not the argument.
-    sizes = {"max_seqlen_q": int(max_seqlen_q), "max_seqlen_k": int(max_seqlen_k),
-             "window_size[0] (left)": int(window_size_left), "window_size[1] (right)": int(window_size_right)}
+    sizes = {"max_seqlen_q": as_int("max_seqlen_q", max_seqlen_q), "max_seqlen_k": as_int("max_seqlen_k", max_seqlen_k),
+             "window_size[0] (left)": as_int("window_size[0] (left)", window_size_left),
+             "window_size[1] (right)": as_int("window_size[1] (right)", window_size_right)}
     for name, value in sizes.items():
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise FlashAttnError(f"{name}: expected a value in the int64 range [-2^63, 2^63 - 1], got {value}")
@@ -209,8 +234,18 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
 fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
 
 
+def _check_same_device(q: Tensor, named: dict) -> None:
+    """The fake implementations' device check: the dispatcher sends a call whose tensors mix a
+    'meta' (or fake) tensor with real ones here, where no library call would refuse them."""
+    for name, t in named.items():
+        if t is not None and t.device != q.device:
+            raise FlashAttnError(f"{name}: expected a tensor on q's device {q.device}, got {t.device}")
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
+    _check_same_device(q, {"k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+                           "alibi_slopes": alibi_slopes})
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     return out, lse
@@ -261,6 +296,9 @@ def _bwd_impl(dout: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tens
     scores (see _lse_term).
     """
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    if lse.dim() != (2 if cu_seqlens_q is not None else 3):
+        raise FlashAttnError(f"lse: expected rank {2 if cu_seqlens_q is not None else 3} ([num_heads, total_q] when "
+                             f"varlen, else [batch, num_heads, seqlen_q]), got shape {tuple(lse.shape)}")
     if dlse is not None and dlse.shape != lse.shape:
         raise FlashAttnError(f"dlse: expected lse's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
     if dout is None and dlse is None:
@@ -282,6 +320,8 @@ bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, dlse=None):
+    _check_same_device(q, {"dout": dout, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
+                           "cu_seqlens_k": cu_seqlens_k, "alibi_slopes": alibi_slopes, "dlse": dlse})
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -331,15 +371,25 @@ class _EagerAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
+        # Grad mode is on here only under create_graph=True: the gradients would be built by the
+        # library, outside autograd, so a second derivative through them would silently be zero
+        # (once_differentiable only catches it when the incoming gradient requires grad).
+        if torch.is_grad_enabled() and any(ctx.needs_input_grad[:3]):
+            raise NotImplementedError(_NO_DOUBLE_BACKWARD)
         return _input_grads(_bwd_impl, ctx, dout, dlse)
+
+
+_NO_DOUBLE_BACKWARD = ("flashattn: double backward is not supported (create_graph=True reached the attention "
+                       "backward, whose gradients are not differentiable); compute higher-order gradients with "
+                       "torch.nn.functional.scaled_dot_product_attention instead")
 
 
 def use_eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether a call may take _EagerAttention: plain tensors, no compile, transform or mode that
     must see the operator."""
     return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and (q.is_cuda or q.is_cpu)  # 'meta' inputs get shapes from the fake implementation
             and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()
             and torch._C._len_torch_dispatch_stack() == 0
@@ -351,6 +401,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
     if use_eager(q, k, v):
         return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    if not torch.compiler.is_compiling() and any(
+            isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v)):
+        # The registered op has no forward-mode formula, and torch drops the tangent silently.
+        raise NotImplementedError("flashattn: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
+                                  "supported; q, k or v carries a tangent")
     return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
 
 

@@ -44,20 +44,22 @@ def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size:
                          "probabilities; use return_lse=True for the log-sum-exp), got True")
     if causal_align not in _ALIGNS:
         raise ValueError(f"causal_align: expected 'bottom_right' or 'top_left', got {causal_align!r}")
-    if len(window_size) != 2:
-        raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}")
-    left, right = int(window_size[0]), int(window_size[1])
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+    left, right = _ops.as_int("window_size[0] (left)", left), _ops.as_int("window_size[1] (right)", right)
     if softmax_scale is None:
         scale = 0.0  # the library's "1/sqrt(head_dim)"
     else:
-        scale = float(softmax_scale)
+        scale = _ops.as_float("softmax_scale", softmax_scale)
         # The library takes float32, where 0 means "1/sqrt(head_dim)": a value that rounds to 0 or
         # to infinity there would silently become the default or poison every score.
         if not _finite_nonzero_in_float32(scale):
             raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a value that is finite and "
                              f"non-zero in float32 (magnitude in ({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), "
                              f"got {softmax_scale!r}")
-    cap = float(softcap)
+    cap = _ops.as_float("softcap", softcap)
     if not cap >= 0.0:  # also catches NaN
         raise ValueError(f"softcap: expected >= 0 (0 = off), got {softcap!r}")
     if cap != 0.0 and not _finite_nonzero_in_float32(cap):
@@ -75,6 +77,14 @@ _F32_INF_FROM = 2.0 ** 128 - 2.0 ** 103
 
 def _finite_nonzero_in_float32(x: float) -> bool:
     return _F32_ZERO_BELOW < abs(x) < _F32_INF_FROM  # False for NaN too
+
+
+def _check_tensors(**tensors) -> None:
+    """Tensor arguments must be torch.Tensor (alibi_slopes may be None): anything else would fail
+    deep inside with an AttributeError that names no argument."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) and not (t is None and name == "alibi_slopes"):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
 def _check_alibi_slopes(alibi_slopes: Optional[Tensor]) -> None:
@@ -125,6 +135,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     """
     scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
                                        causal_align)
+    _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
     out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
@@ -165,6 +176,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                                        causal_align)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected int32 tensors [batch + 1], got None")
+    _check_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
     _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(max_seqlen_q, max_seqlen_k, scale, causal, causal_align, left, right,
                                              softcap, deterministic)
@@ -178,6 +190,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
                               return_attn_probs: bool = False, *, return_lse: bool = False,
                               causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """flash_attn_func on qkv [batch, seqlen, 3, num_heads, head_dim] (q, k, v stacked on dim 2)."""
+    _check_tensors(qkv=qkv)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv: expected shape [batch, seqlen, 3, num_heads, head_dim], got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)
@@ -191,6 +204,7 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
                              return_attn_probs: bool = False, *, return_lse: bool = False,
                              causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """flash_attn_func on q and kv [batch, seqlen_k, 2, num_heads_k, head_dim] (k, v stacked on dim 2)."""
+    _check_tensors(q=q, kv=kv)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape [batch, seqlen_k, 2, num_heads_k, head_dim], got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)

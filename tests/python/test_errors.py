@@ -215,3 +215,70 @@ def test_fp32_on_cuda_runs_or_names_the_limit():
     ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                            is_causal=True).transpose(1, 2)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+# Found by a bad-input review of the eager path (session 8): each was a silent wrong answer, an
+# error naming no argument, or a failure on valid input.
+def test_double_backward_raises_instead_of_dropping_second_order_terms():
+    q = torch.randn(1, 3, 1, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="double backward is not supported"):
+        torch.autograd.grad(flash_attn_func(q, q, q).sum(), q, create_graph=True)
+
+
+def test_forward_mode_ad_raises_instead_of_a_zero_tangent():
+    q = torch.randn(1, 3, 1, 8)
+    with pytest.raises(NotImplementedError):
+        torch.func.jvp(lambda x: flash_attn_func(x, x, x), (q,), (torch.ones_like(q),))
+
+
+def test_backward_of_an_empty_query_gives_zero_gradients():
+    q = torch.randn(1, 0, 2, 8, requires_grad=True)
+    k = torch.randn(1, 3, 2, 8, requires_grad=True)
+    v = torch.randn(1, 3, 2, 8, requires_grad=True)
+    flash_attn_func(q, k, v).sum().backward()  # sum() hands back a stride-0 empty gradient
+    assert q.grad.shape == q.shape
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))
+
+
+def test_meta_inputs_give_meta_outputs_and_mixed_devices_are_refused():
+    qm = torch.empty(1, 3, 2, 8, device="meta")
+    assert flash_attn_func(qm, qm, qm).device.type == "meta"
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(FlashAttnError, match="alibi_slopes: expected a tensor on q's device cpu, got meta"):
+        with torch.device("cpu"):  # a function mode: the registered op runs, with its fake kernel
+            flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, device="meta"))
+
+
+@pytest.mark.parametrize("kwargs, expect", [
+    (dict(window_size=None), "window_size: expected a pair"),
+    (dict(window_size=(1.7, 0)), r"window_size\[0\] \(left\): expected an integer, got 1.7"),
+    (dict(window_size=(float("nan"), 0)), r"window_size\[0\] \(left\): expected an integer"),
+    (dict(softcap=None), "softcap: expected a real number, got None"),
+    (dict(softmax_scale=[0.1]), "softmax_scale: expected a real number"),
+    (dict(alibi_slopes=[1.0, 1.0]), "alibi_slopes: expected a torch.Tensor, got list"),
+])
+def test_wrong_python_types_name_the_argument(kwargs, expect):
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(ValueError, match=expect):
+        flash_attn_func(q, q, q, **kwargs)
+
+
+def test_wrong_types_in_varlen_name_the_argument():
+    q = torch.randn(5, 2, 8)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected a torch.Tensor, got list"):
+        flash_attn_varlen_func(q, q, q, [0, 5], cu, 5, 5)
+    with pytest.raises(ValueError, match=r"max_seqlen_q: expected an integer, got 4.9"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 4.9, 5)
+    with pytest.raises(ValueError, match="q: expected a torch.Tensor, got NoneType"):
+        flash_attn_func(None, q, q)
+
+
+def test_direct_bwd_call_with_a_rank_0_lse_names_it():
+    from flashattn._ops import pack_options
+
+    q = torch.randn(1, 3, 2, 8)
+    int_opts, float_opts = pack_options(0, 0, 0.0, False, "bottom_right", -1, -1, 0.0, False)
+    with pytest.raises(FlashAttnError, match="lse: expected rank 3"):
+        torch.ops.flashattn.bwd(None, q, q, q, q, torch.tensor(0.0), None, None, None, int_opts, float_opts,
+                                torch.tensor(0.0))
