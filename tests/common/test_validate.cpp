@@ -700,6 +700,22 @@ TEST(Validation, SizeOneLastDimMayHaveAnyStride) {
   EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
 }
 
+TEST(Validation, EmptyTensorsMayHaveAnyLastStride) {
+  // torch's sum().backward() hands an empty output a stride-0 gradient: nothing is addressed.
+  ProblemConfig c = base_config(false);
+  c.seqlen_q = 0;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  a.dout.stride[3] = 0;
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+  backward(a);
+  ProblemConfig full = base_config(false);
+  Problem pf(full, 1);
+  AttentionParams b = pf.params();
+  b.dout.stride[3] = 0;  // not empty: still refused by name
+  EXPECT_FALSE(plan(b, Pass::backward).ok);
+}
+
 TEST(Validation, CudaTensorsWithoutCudaBackendSayWhy) {
   if (cuda_available()) GTEST_SKIP() << "this build has CUDA and a device";
   Problem pr(base_config(true), 1);
