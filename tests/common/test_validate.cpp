@@ -690,30 +690,33 @@ TEST(Validation, EmptyProblemsAreValid) {
   EXPECT_TRUE(plan(pr.params(), Pass::forward).ok) << plan(pr.params(), Pass::forward).reason;
 }
 
-TEST(Validation, SizeOneLastDimMayHaveAnyStride) {
-  // PyTorch leaves arbitrary strides on size-1 dims; a size-1 head_dim is never stepped through.
-  ProblemConfig c = base_config(false);
-  c.head_dim = 1;
-  Problem pr(c, 1);
-  AttentionParams a = pr.params();
-  a.q.stride[3] = 17;
-  EXPECT_TRUE(plan(a, Pass::forward).ok) << plan(a, Pass::forward).reason;
-}
-
-TEST(Validation, EmptyTensorsMayHaveAnyLastStride) {
-  // torch's sum().backward() hands an empty output a stride-0 gradient: nothing is addressed.
-  ProblemConfig c = base_config(false);
-  c.seqlen_q = 0;
-  Problem pr(c, 1);
-  AttentionParams a = pr.params();
-  a.dout.stride[3] = 0;
-  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
-  backward(a);
-  ProblemConfig full = base_config(false);
-  Problem pf(full, 1);
-  AttentionParams b = pf.params();
-  b.dout.stride[3] = 0;  // not empty: still refused by name
-  EXPECT_FALSE(plan(b, Pass::backward).ok);
+TEST(Validation, LastStrideMattersOnlyWhereItIsSteppedThrough) {
+  // PyTorch leaves arbitrary strides on size-1 dims (a size-1 head_dim is never stepped through)
+  // and hands empty outputs stride-0 gradients (sum().backward()); a real stride-0 last dim is refused.
+  struct Case {
+    const char* what;
+    int64_t head_dim, seqlen_q;
+    TensorView AttentionParams::*tensor;
+    int64_t stride;
+    Pass pass;
+    bool ok;
+  };
+  const Case cases[] = {
+      {"size-1 head_dim", 1, 5, &AttentionParams::q, 17, Pass::forward, true},
+      {"empty dout", 8, 0, &AttentionParams::dout, 0, Pass::backward, true},
+      {"non-empty dout", 8, 5, &AttentionParams::dout, 0, Pass::backward, false},
+  };
+  for (const Case& k : cases) {
+    ProblemConfig c = base_config(false);
+    c.head_dim = k.head_dim;
+    c.seqlen_q = k.seqlen_q;
+    Problem pr(c, 1);
+    AttentionParams a = pr.params();
+    (a.*k.tensor).stride[3] = k.stride;
+    const Plan pl = plan(a, k.pass);
+    EXPECT_EQ(pl.ok, k.ok) << k.what << ": " << pl.reason;
+    if (k.ok && k.pass == Pass::backward) backward(a);
+  }
 }
 
 TEST(Validation, CudaTensorsWithoutCudaBackendSayWhy) {
