@@ -409,6 +409,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
               alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
     if use_eager(q, k, v):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            # Nothing to differentiate (inference, evaluation): no autograd node to build.
+            return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
         return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     if not torch.compiler.is_compiling() and any(
             isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v)):
