@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
   const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
-  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
+  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers][kDqStages] 64 x 64 fp32
   const uint32_t bars = sDQ0 + 2 * Cfg::kDqStages * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int r = kr0 + hr * 8;
-            *reinterpret_cast<uint32_t*>(gptr(sDS) + r * 128 + (((j ^ r) & 7) << 4) + 4 * t4) =
+            *reinterpret_cast<uint32_t*>(gptr(sDS) + swizzled_chunk<BN>(r, j) + 4 * t4) =
                 dsf[j / 2][(j & 1) * 2 + hr];
           }
         fence_proxy_async();
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int row = kr0 + hr * 8;
-        const uint32_t off = (j / 8) * BN * 128 + row * 128 + ((((j % 8) ^ row) & 7) << 4) + 4 * t4;
+        const uint32_t off = swizzled_chunk<BN>(row, j) + 4 * t4;
         *reinterpret_cast<uint32_t*>(gptr(sK + off)) = pack2<Elem>(dk[4 * j + 2 * hr] * scale, dk[4 * j + 2 * hr + 1] * scale);
         *reinterpret_cast<uint32_t*>(gptr(sV + off)) = pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
       }
@@ -396,6 +396,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = tid; i < 64 * (D / 8); i += 128) {
       const int row = cw * 64 + i / (D / 8), c8 = i % (D / 8);
       if (row >= len_k - n0) break;  // i grows with the row
+      // swizzled_chunk<BN>(row, c8) in / and %: c8 is not known to be >= 0 here, and the helper's
+      // shifts compile to different SASS than the version of this loop that ran on the H200.
       const uint32_t off = (c8 / 8) * BN * 128 + row * 128 + ((((c8 % 8) ^ row) & 7) << 4);
       if (c8 * 8 < p.head_dim)
         *reinterpret_cast<uint4*>(dk_ptr + row * p.dk_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sK + off));

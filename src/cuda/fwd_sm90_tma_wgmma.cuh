@@ -41,17 +41,6 @@
 
 namespace flashattn::cuda {
 
-namespace fwd_sm90_detail {
-
-// Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a 128-byte-swizzled tile of
-// kRows rows (sm90_utils.cuh): panel chunk / 8, row inside it, chunk XOR row within the row.
-template <int kRows>
-__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
-  return uint32_t((chunk >> 3) * kRows * 128 + row * 128 + (((chunk ^ row) & 7) << 4));
-}
-
-}  // namespace fwd_sm90_detail
-
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
@@ -195,7 +184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
           const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
           *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kKVBytes +
-                                    fwd_sm90_detail::swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
+                                    swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async();
         named_barrier_sync(1, 128 * Cfg::kConsumerWarpgroups);
@@ -358,7 +347,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         const uint32_t packed = pack2<Elem>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-        *reinterpret_cast<uint32_t*>(smem + fwd_sm90_detail::swizzled_chunk<BM>(row, j) + 4 * t) = packed;
+        *reinterpret_cast<uint32_t*>(smem + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
       }
       if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
         const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
@@ -372,7 +361,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int i = lane + it * 32;
       const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
       if (m0 + row < len_q && c * 8 < p.head_dim_v) {
-        const uint4 val = *reinterpret_cast<const uint4*>(smem + fwd_sm90_detail::swizzled_chunk<BM>(row, c));
+        const uint4 val = *reinterpret_cast<const uint4*>(smem + swizzled_chunk<BM>(row, c));
         *reinterpret_cast<uint4*>(out_ptr + row * p.o_row_stride + c * 8) = val;
       }
     }

@@ -93,6 +93,13 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a swizzled tile of kRows rows
+// (the layout above): panel chunk / 8, row inside it, chunk XOR row within the row.
+template <int kRows>
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
+  return uint32_t((chunk >> 3) * kRows * 128 + row * 128 + (((chunk ^ row) & 7) << 4));
+}
+
 // A whole swizzled tile (sm90_utils.cuh's layout): kRows rows from `row` of (head, batch), all
 // kPanels 64-column panels, one TMA box each, completing on `bar`.
 template <int kPanels, int kRows>
