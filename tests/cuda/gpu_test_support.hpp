@@ -200,6 +200,28 @@ class DeviceTensor {
   std::shared_ptr<void> dev_;
 };
 
+// The case builder of the forward and backward suites: a batched problem of these sizes.
+inline ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
+  ProblemConfig c;
+  c.dtype = dt;
+  c.batch = b;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.num_heads = h;
+  c.num_heads_k = hk;
+  c.head_dim = d;
+  return c;
+}
+
+// Varlen sequences spanning many query and key tiles, whose last tiles cross into the next
+// sequence's rows (the kernels' tile loops and varlen row zeroing), head_dim 128.
+inline ProblemConfig multi_tile_varlen(DType dt, int64_t h, int64_t hk) {
+  ProblemConfig c = base(dt, 0, 0, 0, h, hk, 128);
+  c.lens_q = {517, 300, 1, 260};
+  c.lens_k = {300, 1029, 129, 70};
+  return c;
+}
+
 // The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.
 struct GpuProblem {
   GpuProblem(Problem& pr, GpuLayout layout) : problem(&pr) {

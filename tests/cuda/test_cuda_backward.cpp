@@ -21,18 +21,6 @@ struct BwdCase {
   std::string name() const { return cfg.name(); }
 };
 
-ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
-  ProblemConfig c;
-  c.dtype = dt;
-  c.batch = b;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_k = hk;
-  c.head_dim = d;
-  return c;
-}
-
 std::vector<BwdCase> backward_cases() {
   std::vector<BwdCase> cases;
   for (DType dt : {DType::f16, DType::bf16}) {
@@ -89,9 +77,7 @@ std::vector<BwdCase> backward_cases() {
       c.window_size_left = 100;
       c.window_size_right = 50;
       add(c);
-      c = base(dt, 0, 0, 0, 4, 2, 128);
-      c.lens_q = {517, 300, 1, 260};
-      c.lens_k = {300, 1029, 129, 70};
+      c = multi_tile_varlen(dt, 4, 2);
       add(c);
       c.head_dim = 64;
       c.causal = true;

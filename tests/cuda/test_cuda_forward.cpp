@@ -28,18 +28,6 @@ struct GpuCase {
   }
 };
 
-ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
-  ProblemConfig c;
-  c.dtype = dt;
-  c.batch = b;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_k = hk;
-  c.head_dim = d;
-  return c;
-}
-
 std::vector<GpuCase> forward_cases() {
   std::vector<GpuCase> cases;
   for (DType dt : {DType::f16, DType::bf16}) {
@@ -145,9 +133,7 @@ std::vector<GpuCase> forward_cases() {
       c.head_dim = 64;
       add(c);
       // Multi-tile sequences whose last key tile crosses into the next sequence's rows.
-      c = base(dt, 0, 0, 0, 2, 2, 128);
-      c.lens_q = {517, 300, 1, 260};
-      c.lens_k = {300, 1029, 129, 70};
+      c = multi_tile_varlen(dt, 2, 2);
       add(c);
       c.causal = true;
       add(c);
