@@ -36,7 +36,7 @@ _ALIGNS = ("bottom_right", "top_left")
 
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
                   return_attn_probs: bool, causal_align: str) -> Tuple[float, int, int]:
-    """Validates the Python-level arguments; returns (softmax_scale for the library, left, right)."""
+    """Validates the Python-level arguments; returns (softmax_scale for the library, left, right of window_size)."""
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: expected 0.0 (attention dropout is not implemented by flashattn), got {dropout_p}")
     if return_attn_probs:
@@ -48,7 +48,7 @@ def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size:
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
-    left, right = _ops.as_int("window_size[0] (left)", left), _ops.as_int("window_size[1] (right)", right)
+    # left and right become ints (or an error naming them) in _ops.pack_options.
     if softmax_scale is None:
         scale = 0.0  # the library's "1/sqrt(head_dim)"
     else:
