@@ -6,7 +6,8 @@
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile
 //     that sees the block's keys and every query head of the GQA group, Q and dO into kStages
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
-//   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile of 64 rows:
+//   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
+//     rows at head_dim 64, 64 at 128; dQ in 64-row tiles):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)
 //       dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kPanels = D / 64;
   constexpr bool kDqSplitN = D >= 128;  // else split the dQ product's keys (see the file comment)
   constexpr float kLog2e = 1.4426950408889634f;
-  static_assert(BM == 64 && BN == 128, "one 128-byte panel of dSᵀ per key row; two 64-key consumers");
+  static_assert((BM == 64 || BM == 128) && BN == 128, "64-query panels of dSᵀ; two 64-key consumers");
+  static_assert(BM == 64 || !kDqSplitN, "128-query steps only where each consumer reads its own dSᵀ rows");
 
   const int heads_k = p.num_heads_k;
   const int b = blockIdx.x / heads_k, hk = blockIdx.x % heads_k;
@@ -85,9 +87,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sK = base, sV = sK + Cfg::kKVBytes;
   const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
-  const uint32_t sStat0 = sDS0 + 2 * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
-  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers][kDqStages] 64 x 64 fp32
-  const uint32_t bars = sDQ0 + 2 * Cfg::kDqStages * Cfg::kDqBytes;
+  const uint32_t sStat0 = sDS0 + Cfg::kDsBuffers * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
+  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
+  const uint32_t bars = sDQ0 + 2 * Cfg::kDqTiles * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
   const uint32_t kv_full = bars;
@@ -137,9 +139,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int g = lane / 4, t4 = lane % 4;
     const int kr0 = cw * 64 + warp * 16 + g;  // this thread's key rows: kr0 and kr0 + 8
 
+    // dK and dV start from the first step's products (wgmma scale-d = 0), not from zeros: with
+    // zero-filled accumulators ptxas kept them in local memory across the step loop (stores at
+    // entry, reloads in the epilogue). A block without query tiles zeroes them at the end.
     float dk[D / 2], dv[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
     const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
     const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
 
@@ -166,17 +169,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // orders it before the next iteration's reads (and those reads before the next overwrite).
       // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds.
       float* stats = reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;  // [buffer][lse, D][BM]
-      auto load_stat = [&](int t) {
+      // With BM = 128 each thread loads elements tid and tid + 128 of [lse | D].
+      constexpr int kStatPerThread = 2 * BM / 128;
+      auto load_stat = [&](int t, int e) {
         const int64_t stat = (int64_t(b) * p.num_heads + head_of(t)) * p.stat_rows + m0_of(t);
-        return (tid < BM ? p.lse_log2 : p.dsum)[stat + tid % BM];
+        return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
       };
-      stats[tid] = load_stat(0);
+#pragma unroll
+      for (int x = 0; x < kStatPerThread; ++x) stats[tid + 128 * x] = load_stat(0, tid + 128 * x);
       named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
       for (int t = 0; t < iters; ++t) {
         const int h = head_of(t), m0 = m0_of(t);
-        const float next_stat = t + 1 < iters ? load_stat(t + 1) : 0.f;
+        float next_stat[kStatPerThread];
+#pragma unroll
+        for (int x = 0; x < kStatPerThread; ++x) next_stat[x] = t + 1 < iters ? load_stat(t + 1, tid + 128 * x) : 0.f;
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
           zero_rows(sQ(s), BM, len_q - m0);
@@ -269,7 +277,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             pf[kk][r] = pack2<Elem>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
             dsf[kk][r] = pack2<Elem>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
           }
-        const uint32_t sDS = sDS0 + (t & 1) * Cfg::kDsBytes;
+        // dSᵀ [keys][queries] in 64-query panels of 128-byte rows (the Q tile's swizzle).
+        const uint32_t sDS = sDS0 + (t % Cfg::kDsBuffers) * Cfg::kDsBytes;
 #pragma unroll
         for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -284,65 +293,66 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-          Wgmma<Elem, D>::rs(dv, pf[kk], make_desc(sDO(s) + kk * 16 * 128, BM * 128, 1024), 1);
+          Wgmma<Elem, D>::rs(dv, pf[kk], make_desc(sDO(s) + kk * 16 * 128, BM * 128, 1024), t > 0 || kk > 0);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-          Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), 1);
+          Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), t > 0 || kk > 0);
         wgmma_commit();
 
-        if (t + 1 < iters) stats[((t + 1) & 1) * 2 * BM + tid] = next_stat;
+        if (t + 1 < iters) {
+#pragma unroll
+          for (int x = 0; x < kStatPerThread; ++x) stats[((t + 1) & 1) * 2 * BM + tid + 128 * x] = next_stat[x];
+        }
 
-        // dQ (64 queries x 64 columns per warpgroup) = dS K: A = dSᵀ read MN-major, B = K MN-major.
-        // With two staging buffers, this barrier also tells the warpgroup that the buffer of this
-        // step is free: the bulk reduce of two steps ago (same buffer) has finished reading it.
-        if (Cfg::kDqStages == 2 && tid == 0) bulk_wait_read<1>();
+        // dQ = dS K per 64-query tile (kDqTiles of them per step), 64 columns per warpgroup: A = dSᵀ
+        // read MN-major, B = K MN-major. Each tile leaves as one 16 KB bulk reduce-add (FA-3's dQ
+        // path) from this consumer's staging buffer, in the accumulator's own tiled layout
+        // (bwd_traits.hpp dq_accum_offset). The buffer is free once the previous step's reduces
+        // have read it: thread 0 waits for that before the barrier that also publishes dSᵀ.
+        if (tid == 0) bulk_wait_read<0>();
         if constexpr (kDqSplitN) named_barrier_sync(1, 256);
         else named_barrier_sync(2 + cw, 128);
-        float dq[32];
-        wgmma_fence();
-        if constexpr (kDqSplitN) {
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)
-            Wgmma<Elem, 64>::tt(dq, make_desc(sDS + kk * 16 * 128, 1024, 1024),
-                                make_desc(sK + cw * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
-        } else {
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            Wgmma<Elem, 64>::tt(dq, make_desc(sDS + (cw * 64 + kk * 16) * 128, 1024, 1024),
-                                make_desc(sK + (cw * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-          fence_operand(dk[i]);
-          fence_operand(dv[i]);
-        }
-        // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            fence_operand(pf[kk][r]);
-            fence_operand(dsf[kk][r]);
-          }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(s));
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
-
-        // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
         const int col0 = kDqSplitN ? cw * 64 : 0;
-        {
-          // One 16 KB bulk reduce-add per consumer and tile (FA-3's dQ path): the tile is staged
-          // in this consumer's buffer in the accumulator's own tiled layout (bwd_traits.hpp
-          // dq_accum_offset), after the previous reduce has finished reading it.
-          const uint32_t sDQ = sDQ0 + (cw * Cfg::kDqStages + (t % Cfg::kDqStages)) * Cfg::kDqBytes;
-          if constexpr (Cfg::kDqStages == 1) {
-            if (tid == 0) bulk_wait_read<0>();
-            named_barrier_sync(4 + cw, 128);
+#pragma unroll
+        for (int qt = 0; qt < Cfg::kDqTiles; ++qt) {
+          float dq[32];
+          wgmma_fence();
+          if constexpr (kDqSplitN) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+              Wgmma<Elem, 64>::tt(dq, make_desc(sDS + kk * 16 * 128, 1024, 1024),
+                                  make_desc(sK + cw * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+              Wgmma<Elem, 64>::tt(dq, make_desc(sDS + qt * BN * 128 + (cw * 64 + kk * 16) * 128, 1024, 1024),
+                                  make_desc(sK + (cw * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
           }
+          wgmma_commit();
+          if (qt == 0) {
+            wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) {
+              fence_operand(dk[i]);
+              fence_operand(dv[i]);
+            }
+            // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                fence_operand(pf[kk][r]);
+                fence_operand(dsf[kk][r]);
+              }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(s));
+          }
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
+
+          // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
+          const uint32_t sDQ = sDQ0 + (cw * Cfg::kDqTiles + qt) * Cfg::kDqBytes;
 #pragma unroll
           for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -357,7 +367,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // Rows past the sequence end hold exact zeros (their dS columns are 0); the
             // statistics rows are padded, so the whole tile lies inside the accumulator.
             float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
-                         dq_accum_offset(p, m0, col0);
+                         dq_accum_offset(p, m0 + 64 * qt, col0);
             bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
             bulk_commit();
           }
@@ -369,6 +379,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
 
+    if (count == 0) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+    }
     // The last bulk reduce must finish reading shared memory before the block exits.
     if (tid == 0) bulk_wait_read<0>();
 

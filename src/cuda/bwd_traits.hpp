@@ -156,19 +156,25 @@ namespace flashattn::cuda {
 //   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 32 + 32 ≈ 193 KB.
 template <int kHeadDim_>
 struct BwdSm90Config {
-  static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = 64, kStages = 2;
+  // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
+  // bytes per FLOP and half the per-step overhead of 64-row steps; dQ is computed in two 64-row
+  // halves so that the registers fit); head_dim 128 keeps 64 rows (its dK, dV accumulators are
+  // twice as large).
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kHeadDim_ <= 64 ? 128 : 64, kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
+  // head_dim 64 splits dQ's keys between the consumers, so each reads only its own rows of dSᵀ and
+  // one buffer serves (a consumer finishes its dQ before its next step writes); head_dim 128
+  // splits dQ's columns, each consumer reads all of dSᵀ, and the buffer alternates per step.
+  static constexpr int kDsBuffers = kHeadDim_ <= 64 ? 1 : 2;
   static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
-  static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile
-  // dQ staging buffers per consumer: with two, a step writes its tile while the previous step's
-  // bulk reduce may still read the other, and the wait for the one before moves off the critical
-  // path (head_dim 64; at 128 a second buffer would pass 227 KB).
-  static constexpr int kDqStages = kHeadDim <= 64 ? 2 : 1;
-  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 8 * kStatBytes +
-                                    2 * kDqStages * kDqBytes + 256 + 1024;
+  static constexpr int kDqBytes = 64 * 64 * 4;              // one fp32 dQ tile of 64 query rows
+  static constexpr int kDqTiles = kBlockM / 64;             // dQ tiles per step and consumer
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + 8 * kStatBytes +
+                                    2 * kDqTiles * kDqBytes + 256 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
 // Launches the Hopper dK/dV kernel (dq added into the tiled p.dq_accum by bulk reduce-adds) for one
