@@ -59,6 +59,12 @@ def main():
         with torch.no_grad():
             F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
 
+    def ours_fwd_grad():  # with autograd's node (inputs require grad), no backward
+        flashattn.flash_attn_func(q, k, v, causal=True)
+
+    def sdpa_fwd_grad():
+        F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
     def ours_fwd_bwd():
         flashattn.flash_attn_func(q, k, v, causal=True).backward(g)
 
@@ -94,7 +100,7 @@ def main():
 
     print(f"host time per call, CUDA bf16 {shape} causal, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
-    for fn in (ours_fwd, op_fwd, sdpa_fwd, ours_fwd_bwd, sdpa_fwd_bwd, baseline_fwd_bwd, c_api_fwd, c_api_bwd):
+    for fn in (ours_fwd, op_fwd, sdpa_fwd, ours_fwd_grad, sdpa_fwd_grad, ours_fwd_bwd, sdpa_fwd_bwd, baseline_fwd_bwd, c_api_fwd, c_api_bwd):
         print(f"  {fn.__name__:18s} {per_call_us(fn):7.1f} us")
     if args.profile:
         import cProfile

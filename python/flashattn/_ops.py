@@ -145,12 +145,13 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
-          dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-          cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
-          float_opts: List[float]) -> None:
-    """One fa_forward / fa_backward call on these tensors and options (the options as pack_options()
-    makes them); CUDA work goes on q's device, on torch's current stream there."""
+def _values(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
+            dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+            cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
+            float_opts: List[float]) -> Tuple[list, tuple]:
+    """The flat PARAMS_STRUCT values of one fa_forward / fa_backward call on these tensors and options
+    (the options as pack_options() makes them), stream left 0, and the small tensors it reads (the
+    dense copies of cu_seqlens and alibi_slopes, to be kept alive until the call returns)."""
     if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
         raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
                              f"got {len(int_opts)} and {len(float_opts)}")
@@ -163,34 +164,63 @@ def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     if abs(softcap) > _capi.FLOAT32_MAX:
         softcap = math.copysign(math.inf, softcap)
     # The library reads these as dense arrays; q, k, v may be strided, these small ones are copied
-    # when they are not (e.g. a slice of a larger slopes table). `kept` holds them until the call returns.
+    # when they are not (e.g. a slice of a larger slopes table).
     kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes))
+    # Follow torch's intra-op thread setting on CPU rather than the library's "all cores" default.
+    num_threads = 0 if q.is_cuda else torch.get_num_threads()
+    none = _capi.NO_TENSOR
+    values = [
+        *_tensor(q, "q"), *_tensor(k, "k"), *_tensor(v, "v"), *_tensor(out, "out"), *_tensor(lse, "lse"),
+        *(none if dout is None else _tensor(dout, "dout")), *(none if dq is None else _tensor(dq, "dq")),
+        *(none if dk is None else _tensor(dk, "dk")), *(none if dv is None else _tensor(dv, "dv")),
+        *_fixed_dtype(kept[0], "cu_seqlens_q"), *_fixed_dtype(kept[1], "cu_seqlens_k"), max_seqlen_q,
+        max_seqlen_k, softmax_scale, causal, causal_align, window_left, window_right, softcap,
+        *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, 0]
+    return values, kept
+
+
+def _run(backward_pass: bool, q: Tensor, values: list) -> None:
+    """fa_forward / fa_backward on _values()' list; CUDA work goes on q's device, on torch's current
+    stream there."""
     cuda = q.is_cuda
     if cuda:
         index = q.get_device()
-        stream, num_threads = _current_stream(index), 0
-    else:
-        # Follow torch's intra-op thread setting rather than the library's "all cores" default.
-        index, stream, num_threads = 0, 0, torch.get_num_threads()
+        values[_STREAM] = _current_stream(index)
     try:
-        none = _capi.NO_TENSOR
-        packed = _capi.PARAMS_STRUCT.pack(
-            *_tensor(q, "q"), *_tensor(k, "k"), *_tensor(v, "v"), *_tensor(out, "out"), *_tensor(lse, "lse"),
-            *(none if dout is None else _tensor(dout, "dout")), *(none if dq is None else _tensor(dq, "dq")),
-            *(none if dk is None else _tensor(dk, "dk")), *(none if dv is None else _tensor(dv, "dv")),
-            *_fixed_dtype(kept[0], "cu_seqlens_q"), *_fixed_dtype(kept[1], "cu_seqlens_k"), max_seqlen_q,
-            max_seqlen_k, softmax_scale, causal, causal_align, window_left, window_right, softcap,
-            *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, stream)
+        packed = _capi.PARAMS_STRUCT.pack(*values)
     except struct.error as e:  # only a direct op call can get here: pack_options() range-checks its values
         raise FlashAttnError(f"int_opts: expected [max_seqlen_q, max_seqlen_k, causal, causal_align, "
                              f"window_size_left, window_size_right, deterministic] within the C fields' ranges "
-                             f"(int64, int32 for the flags), got {list(int_opts)} ({e})") from None
+                             f"(int64, int32 for the flags), got {[values[i] for i in _INT_OPTS]} ({e})") from None
     if cuda and index != _current_device():
         # The library launches on the current device; make it q's (as a CUDA kernel launcher must).
         with torch.cuda.device(index):
             _capi.run_packed(backward_pass, packed)
     else:
         _capi.run_packed(backward_pass, packed)
+
+
+# Positions in _values()' list: fa_tensor fields take 13 values each, data pointer first, in
+# FaParams' order (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k), then the
+# scalars, alibi_slopes, deterministic, num_threads, stream.
+_T = 13
+_DATA = {name: i * _T for i, name in enumerate(("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv",
+                                                 "cu_seqlens_q", "cu_seqlens_k"))}
+_DATA["alibi_slopes"] = 11 * _T + 8
+_STREAM = 12 * _T + 8 + 2
+_INT_OPTS = [11 * _T + i for i in (0, 1, 3, 4, 5, 6)] + [12 * _T + 8]
+assert _STREAM + 1 == len(_capi.PARAMS_STRUCT.unpack(bytes(_capi.PARAMS_STRUCT.size)))
+
+
+def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
+          dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+          cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
+          float_opts: List[float]) -> None:
+    """One fa_forward / fa_backward call on these tensors and options (the options as pack_options()
+    makes them); CUDA work goes on q's device, on torch's current stream there."""
+    values, kept = _values(backward_pass, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                           alibi_slopes, int_opts, float_opts)
+    _run(backward_pass, q, values)  # `kept` lives until here
 
 
 def _current_stream(index: int) -> int:
@@ -215,19 +245,47 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
     return (q.shape[1], q.shape[0])
 
 
+def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+             alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
+             want_template: bool) -> Tuple[Tensor, Tensor, Optional[list]]:
+    """_fwd_impl, plus (want_template) the backward's PARAMS_STRUCT values for these inputs when
+    they are the tensors the forward read (no copies made): data pointers and stream left to fill,
+    dout, dq, dk, dv described as contiguous tensors of out's, q's, k's, v's shapes (_bwd_fast)."""
+    q_in, k_in, v_in = q, k, v
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    if v.dim() < 1:
+        raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+    values, kept = _values(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k,
+                           alibi_slopes, int_opts, float_opts)
+    _run(False, q, values)
+    template = None
+    if (want_template and q is q_in and k is k_in and v is v_in and kept[0] is cu_seqlens_q
+            and kept[1] is cu_seqlens_k and kept[2] is alibi_slopes):
+        # out is new_empty's, hence contiguous: dout's description is out's.
+        template = values
+        i, j = _DATA["dout"], _DATA["out"]
+        template[i:i + _T] = values[j:j + _T]
+        for dst, src in (("dq", "q"), ("dk", "k"), ("dv", "v")):
+            i, j = _DATA[dst], _DATA[src]
+            template[i:i + 9] = values[j:j + 9]
+            template[i + 9:i + _T] = _contiguous_strides(values[j + 4], *values[j + 5:j + 9])
+    return out, lse, template
+
+
+def _contiguous_strides(ndim: int, s0: int, s1: int, s2: int, s3: int) -> Tuple[int, int, int, int]:
+    """The strides of a contiguous tensor of this shape (ndim 3 or 4, as q, k, v are), padded to 4."""
+    return (s1 * s2 * s3, s2 * s3, s3, 1) if ndim == 4 else (s1 * s2, s2, 1, 0)
+
+
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
     """Attention forward (FA-2 Alg. 1). Returns (out, lse); layouts in the module docstring, options
     as pack_options() makes them. deterministic only matters to the backward and is carried here
     so that autograd can hand it on.
     """
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    if v.dim() < 1:
-        raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
-    _call(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
-          float_opts)
+    out, lse, _ = _fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, False)
     return out, lse
 
 
@@ -374,7 +432,8 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
-        out, lse = _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+        out, lse, ctx.bwd_template = _fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
+                                              float_opts, True)
         _fwd_setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts),
                            (out, lse))
         return out, lse
@@ -386,7 +445,35 @@ class _EagerAttention(torch.autograd.Function):
         # (once_differentiable only catches it when the incoming gradient requires grad).
         if torch.is_grad_enabled() and any(ctx.needs_input_grad[:3]):
             raise NotImplementedError(_NO_DOUBLE_BACKWARD)
+        if ctx.bwd_template is not None and dlse is None and dout is not None:
+            grads = _bwd_fast(ctx, dout)
+            if grads is not None:
+                return grads
         return _input_grads(_bwd_impl, ctx, dout, dlse)
+
+
+def _bwd_fast(ctx, dout: Tensor):
+    """The common eager backward (a contiguous dout, lse unused) on the forward's parameter values
+    (_fwd_run's template): only data pointers and the stream change, so none of _values()' per-tensor
+    work runs again. It runs on autograd's device thread, where this Python is the backward's host
+    cost (bench/gpu/host_overhead.py). None: take the general path."""
+    # saved_tensors also refuses inputs modified in place since the forward.
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    if not (dout.dtype == out.dtype and dout.device == out.device and dout.shape == out.shape
+            and dout.is_contiguous()):
+        return None
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    values = ctx.bwd_template.copy()
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq),
+                    ("dk", dk), ("dv", dv)):
+        values[_DATA[name]] = t.data_ptr()
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes)):
+        if t is not None:
+            values[_DATA[name]] = t.data_ptr()
+    if not q.is_cuda:
+        values[_STREAM - 1] = torch.get_num_threads()
+    _run(True, q, values)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _NO_DOUBLE_BACKWARD = ("flashattn: double backward is not supported (create_graph=True reached the attention "

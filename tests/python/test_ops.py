@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 import flashattn  # noqa: E402
 from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from flashattn._ops import pack_options  # noqa: E402
+from attn_reference import rand  # noqa: E402
 
 CUDA_OK = torch.cuda.is_available() and flashattn.cuda_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -150,6 +151,44 @@ def test_eager_path_matches_the_registered_op(device, case):
         results.append((out, lse, *grads))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+# The eager backward reuses the forward's parameter values (_ops._bwd_fast) when dout is contiguous
+# and lse unused; it must give the general path's bits, and step aside for anything else.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["batched_causal", "varlen", "batched_alibi_bf16", "packed_qkv",
+                                  "strided_dout", "with_lse"])
+def test_eager_backward_fast_path_matches_the_general_path(device, case, monkeypatch):
+    from flashattn import _ops
+
+    taken = []
+    fast = _ops._bwd_fast
+
+    def recorded(ctx, dout):
+        grads = fast(ctx, dout)
+        taken.append(grads is not None)
+        return grads
+
+    monkeypatch.setattr(_ops, "_bwd_fast", recorded)
+    args = list(fwd_args(device, **OPCHECK_CASES.get(case, {})))
+    if case == "packed_qkv":  # q, k, v strided views of one [batch, seqlen, 3, heads, head_dim] tensor
+        q = args[0]
+        qkv = torch.stack([t.detach() for t in (q, q * 0.5, q * 0.25)], dim=2).requires_grad_()
+        args[:3] = qkv.unbind(2)
+    leaves = [qkv] if case == "packed_qkv" else list(args[:3])
+    out_shape = (*args[0].shape[:-1], args[2].shape[-1])
+    dout = rand(out_shape, args[0].dtype, device).detach()
+    if case == "strided_dout":
+        dout = dout.transpose(0, 1).contiguous().transpose(0, 1)
+    results = []
+    for call in (_ops._EagerAttention.apply, torch.ops.flashattn.fwd.default):
+        out, lse = call(*args)
+        loss = (out * dout).sum() + (lse[torch.isfinite(lse)].sum() if case == "with_lse" else 0)
+        results.append((out, *torch.autograd.grad(loss, leaves)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    # with_lse never asks it (the general path adds the lse term); strided_dout asks and is sent on.
+    assert taken == {"with_lse": [], "strided_dout": [False]}.get(case, [True])
 
 
 def test_modes_and_fake_tensors_see_the_operator():
