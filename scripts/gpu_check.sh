@@ -7,7 +7,7 @@
 #                                     cudart static), libgomp, and SASS/ptxas reports; refuses sm90
 #                                     kernels not built with 168 registers at entry.
 #   scripts/gpu_check.sh [run [what]] on the GPU machine (carry build-gpu/dist; run is the default):
-#                                     what: any of tests, sanitize, python, bench, quickbench
+#                                     what: any of tests, sanitize, python, install, bench, quickbench
 #                                     (default tests,sanitize,bench):
 #                                       tests      the GPU tests, then the forward/backward suites
 #                                                  again with the sm80 kernels forced;
@@ -16,6 +16,11 @@
 #                                       python     pytest over tests/python, and examples/train_gpt.py
 #                                                  on .carry/tinyshakespeare.txt when present (copy
 #                                                  ../shared/data/tinyshakespeare.txt there, carry .carry);
+#                                       install    the README's `pip install --no-build-isolation .` from
+#                                                  this checkout (a fresh CMake build there; Eigen's
+#                                                  headers from dist/eigen.tar.xz, the machine has
+#                                                  none), then pytest and train_gpt.py on the
+#                                                  installed package (no FLASHATTN_LIBRARY);
 #                                       bench      bench/gpu/bench_attention.py (quickbench: --quick).
 #                                     Logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 # Environment: GTEST_FILTER narrows the test run and GTEST_FILTER_SM80 the sm80-forced rerun;
@@ -43,6 +48,9 @@ if [ "$mode" = build ]; then
     /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,-Bsymbolic -Wl,--no-undefined
   cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
   grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
+  # Eigen (header-only, a Debian package here) for `run install`: the GPU machine has no apt.
+  eigen_cfg=$(dirname "$(find /usr/share/eigen3 /usr/lib/cmake -name Eigen3Config.cmake 2>/dev/null | head -1)")
+  tar cJf $DIST/eigen.tar.xz --transform 's,^,eigen/,' -C / "${eigen_cfg#/}" usr/include/eigen3
   # The sm90 kernels' setmaxnreg split (sm90_utils.cuh) needs exactly 168 registers at entry; any
   # other count would make the consumers wait forever for registers (a hang, not an error).
   # (ptxas prints the register count three lines after "Compiling entry"; the sm_80 pass compiles
@@ -121,6 +129,35 @@ if [[ $what == *python* ]]; then
     rc=$?
     summary+=("train_gpt: rc=$rc, $(grep -E '^throughput' "$OUT/python.log" | tail -1)")
     summary+=("           $(grep -E '^final validation loss' "$OUT/python.log" | tail -1), $(( $(date +%s) - start )) s")
+  fi
+fi
+
+if [[ $what == *install* ]]; then
+  # Issue 5's "from a fresh checkout on the GPU machine": the README's install command, its own
+  # build folder (build-python/, never carried), then the tests and train_gpt.py on what it installed.
+  start=$(date +%s)
+  eigen=()
+  if [ -f $DIST/eigen.tar.xz ]; then
+    rm -rf /tmp/flashattn-eigen && mkdir -p /tmp/flashattn-eigen && tar xJf $DIST/eigen.tar.xz -C /tmp/flashattn-eigen
+    eigen=(-C "cmake.define.Eigen3_DIR=$(dirname "$(find /tmp/flashattn-eigen -name Eigen3Config.cmake | head -1)")")
+  fi
+  python3 -m pip install --no-build-isolation --no-deps "${eigen[@]}" . > "$OUT/install.log" 2>&1
+  rc=$?
+  summary+=("install: rc=$rc, $(grep -E '^Successfully installed' "$OUT/install.log" || tail -1 "$OUT/install.log"), $(( $(date +%s) - start )) s")
+  if [ $rc = 0 ]; then
+    start=$(date +%s)
+    (unset FLASHATTN_LIBRARY PYTHONPATH; cd /tmp && python3 -c "import flashattn, torch; print('installed:', flashattn.library_path(), 'cuda', flashattn.cuda_available())") >> "$OUT/install.log" 2>&1
+    (unset FLASHATTN_LIBRARY PYTHONPATH; python3 -m pytest -q -p no:cacheprovider tests/python) > "$OUT/install_pytest.log" 2>&1
+    rc=$?
+    summary+=("installed package pytest: rc=$rc, $(tail -1 "$OUT/install_pytest.log"), $(( $(date +%s) - start )) s")
+    grep -E "^installed:" "$OUT/install.log"
+    if [ -f .carry/tinyshakespeare.txt ]; then
+      start=$(date +%s)
+      (unset FLASHATTN_LIBRARY PYTHONPATH; python3 examples/train_gpt.py --data .carry/tinyshakespeare.txt \
+        --steps "${TRAIN_STEPS:-300}" --out "$OUT/train_gpt_installed.json") > "$OUT/install_train.log" 2>&1
+      summary+=("installed train_gpt: rc=$?, $(grep -E '^throughput' "$OUT/install_train.log" | tail -1)")
+      summary+=("           $(grep -E '^final validation loss' "$OUT/install_train.log" | tail -1), $(( $(date +%s) - start )) s")
+    fi
   fi
 fi
 
