@@ -37,7 +37,7 @@ if [ "$mode" = build ]; then
   cp build-ab/build/tests/cuda/test_cuda build-ab/pack/ab/
   g++ -shared -o build-ab/pack/ab/libflashattn.so -Wl,--whole-archive build-ab/build/src/libflashattn.a \
     -Wl,--no-whole-archive /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread \
-    -Wl,-Bsymbolic -Wl,--no-undefined
+    -Wl,--version-script=python/exports.map -Wl,-Bsymbolic -Wl,--no-undefined
   git -C build-ab/src rev-parse --short HEAD > build-ab/pack/ab/REV
   tar cJf .carry/ab.tar.xz -C build-ab/pack ab
   git worktree remove --force build-ab/src

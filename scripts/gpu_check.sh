@@ -45,7 +45,7 @@ if [ "$mode" = build ]; then
   mkdir -p $DIST
   cp build-gpu/tests/cuda/test_cuda $DIST/
   g++ -shared -o $DIST/libflashattn.so -Wl,--whole-archive build-gpu/src/libflashattn.a -Wl,--no-whole-archive \
-    /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,-Bsymbolic -Wl,--no-undefined
+    /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,--version-script=python/exports.map -Wl,-Bsymbolic -Wl,--no-undefined
   cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
   grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
   # Eigen (header-only, a Debian package here) for `run install`: the GPU machine has no apt.
