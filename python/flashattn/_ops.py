@@ -41,6 +41,10 @@ _ALIGN_CODES = {"bottom_right": _capi.ALIGN_BOTTOM_RIGHT, "top_left": _capi.ALIG
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
+    # The library reads raw memory: a tensor with torch's lazy negation bit (e.g. x.conj().imag of
+    # a complex x) must be materialized first.
+    if t.is_neg():
+        t = t.resolve_neg()
     # The library takes any strides but needs the last dimension contiguous (as flash-attn does).
     if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1:
         return t
@@ -142,7 +146,7 @@ def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, cau
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
+    return None if t is None else t.resolve_neg().contiguous()
 
 
 def _values(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
@@ -247,10 +251,11 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
 
 def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
-             want_template: bool) -> Tuple[Tensor, Tensor, Optional[list]]:
+             want_template: bool) -> Tuple[Tensor, Tensor, Optional[Tuple[list, tuple]]]:
     """_fwd_impl, plus (want_template) the backward's PARAMS_STRUCT values for these inputs when
     they are the tensors the forward read (no copies made): data pointers and stream left to fill,
-    dout, dq, dk, dv described as contiguous tensors of out's, q's, k's, v's shapes (_bwd_fast)."""
+    dout, dq, dk, dv described as contiguous tensors of out's, q's, k's, v's shapes, paired with the
+    (shape, stride, dtype, device) of each tensor the values describe (_bwd_fast checks them)."""
     q_in, k_in, v_in = q, k, v
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if v.dim() < 1:
@@ -263,6 +268,11 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
     template = None
     if (want_template and q is q_in and k is k_in and v is v_in and kept[0] is cu_seqlens_q
             and kept[1] is cu_seqlens_k and kept[2] is alibi_slopes):
+        # What the values describe, in ctx.saved_tensors' order: the backward must find the same
+        # layouts there (saved-tensor hooks may hand back copies with other strides, dtypes or
+        # devices, and `x.data = ...` replaces a tensor's storage and shape).
+        layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                        for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
         # out is new_empty's, hence contiguous: dout's description is out's.
         template = values
         i, j = _DATA["dout"], _DATA["out"]
@@ -271,6 +281,7 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
             i, j = _DATA[dst], _DATA[src]
             template[i:i + 9] = values[j:j + 9]
             template[i + 9:i + _T] = _contiguous_strides(values[j + 4], *values[j + 5:j + 9])
+        template = (template, layouts)
     return out, lse, template
 
 
@@ -458,12 +469,17 @@ def _bwd_fast(ctx, dout: Tensor):
     work runs again. It runs on autograd's device thread, where this Python is the backward's host
     cost (bench/gpu/host_overhead.py). None: take the general path."""
     # saved_tensors also refuses inputs modified in place since the forward.
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    saved = ctx.saved_tensors
+    template, layouts = ctx.bwd_template
+    for t, layout in zip(saved, layouts):
+        if (None if t is None else (t.shape, t.stride(), t.dtype, t.device)) != layout:
+            return None
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = saved
     if not (dout.dtype == out.dtype and dout.device == out.device and dout.shape == out.shape
-            and dout.is_contiguous()):
+            and dout.is_contiguous() and not dout.is_neg()):
         return None
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    values = ctx.bwd_template.copy()
+    values = template.copy()
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq),
                     ("dk", dk), ("dv", dv)):
         values[_DATA[name]] = t.data_ptr()

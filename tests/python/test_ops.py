@@ -191,6 +191,54 @@ def test_eager_backward_fast_path_matches_the_general_path(device, case, monkeyp
     assert taken == {"with_lse": [], "strided_dout": [False]}.get(case, [True])
 
 
+# Saved-tensor hooks may hand the backward copies with other strides (save_on_cpu copies views
+# densely), and `x.data = ...` swaps a saved tensor's storage and shape without a version bump: the
+# fast path must notice (it reused the forward's layouts: wrong gradients, reads out of bounds).
+def test_eager_backward_fast_path_checks_the_saved_layouts(monkeypatch):
+    from flashattn import _ops
+
+    taken = []
+    fast = _ops._bwd_fast
+
+    def recorded(ctx, dout):
+        grads = fast(ctx, dout)
+        taken.append(grads is not None)
+        return grads
+
+    monkeypatch.setattr(_ops, "_bwd_fast", recorded)
+    qkv = rand((2, 9, 3, 2, 16), torch.float32, "cpu")
+    dout = rand((2, 9, 2, 16), torch.float32, "cpu").detach()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        out = flash_attn_func(*qkv.unbind(2), causal=True)
+    (hooked,) = torch.autograd.grad(out, qkv, dout)
+    (plain,) = torch.autograd.grad(flash_attn_func(*qkv.unbind(2), causal=True), qkv, dout)
+    assert taken == [False, True]
+    assert torch.equal(hooked, plain)
+
+    q, k, v = (rand((2, 12, 2, 8), torch.float32, "cpu") for _ in range(3))
+    out = flash_attn_func(q, k, v)
+    q.data = torch.randn(1, 1, 1, 1)
+    with pytest.raises(flashattn.FlashAttnError, match="expected shape"):
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
+def test_negative_bit_tensors_are_read_with_their_sign():
+    # x.conj().imag of a complex x is a lazily negated view: the library reads raw memory, so the
+    # wrappers must materialize it (the sign was lost before).
+    z = [torch.randn(2, 5, 2, 1, dtype=torch.cfloat) for _ in range(3)]
+    q, k, v = (t.conj().imag for t in z)
+    assert q.is_neg()
+    dense = [t.resolve_neg().clone().requires_grad_() for t in (q, k, v)]
+    expected = flash_attn_func(*dense, causal=True)
+    torch.testing.assert_close(flash_attn_func(q, k, v, causal=True), expected, rtol=0, atol=0)
+    dout = torch.randn(2, 5, 2, 1, dtype=torch.cfloat).conj().imag
+    grads = torch.autograd.grad(expected, dense, dout)
+    leaves = [t.clone().requires_grad_() for t in dense]
+    got = torch.autograd.grad(flash_attn_func(*leaves, causal=True), leaves, dout)
+    for a, b in zip(got, grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_modes_and_fake_tensors_see_the_operator():
     from torch.utils._python_dispatch import TorchDispatchMode
 
