@@ -61,7 +61,7 @@ def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size:
                              f"got {softmax_scale!r}")
     cap = _ops.as_float("softcap", softcap)
     if not cap >= 0.0:  # also catches NaN
-        raise ValueError(f"softcap: expected >= 0 (0 = off), got {softcap!r}")
+        raise ValueError(f"softcap: expected a number >= 0 (0 = off), got {softcap!r}")
     if cap != 0.0 and not _finite_nonzero_in_float32(cap):
         raise ValueError("softcap: expected 0 (off) or a value that is finite and non-zero in float32 (in "
                          f"({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), got {softcap!r}")
@@ -109,15 +109,19 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
         dropout_p: must be 0.0 (dropout is not implemented).
         softmax_scale: scale of q k^T; None means 1 / sqrt(head_dim).
         causal: hide keys after the query's diagonal (see causal_align).
-        window_size: (left, right) sliding window in keys around the diagonal; -1 is unbounded.
+        window_size: (left, right) sliding window in keys around the diagonal j = i + offset
+            (offset = seqlen_k - seqlen_q with causal_align="bottom_right", 0 with "top_left"; see
+            the module docstring); -1 is unbounded.
         softcap: > 0 applies softcap * tanh(S / softcap) to the scores (Gemma-2); 0 is off.
-        alibi_slopes: float32 [num_heads] or [batch, num_heads]; adds -slope * |i + offset - j|.
+        alibi_slopes: float32 [num_heads] or [batch, num_heads]; adds -slope * |i + offset - j|
+            (offset as for window_size).
             Constants: no gradient flows to them (requires_grad=True raises).
         deterministic: make the backward bitwise-repeatable (no atomics on the GPU).
         return_attn_probs: must be False (the probabilities are never materialized).
         return_lse: also return the log-sum-exp (keyword-only extension).
         causal_align: "bottom_right" (flash-attn >= 2.1; the last query sees the last key) or
-            "top_left" (PyTorch's is_causal; query i sees keys <= i). Keyword-only extension.
+            "top_left" (PyTorch's is_causal; query i sees keys <= i). It places the diagonal for
+            window_size and alibi_slopes too, with or without causal. Keyword-only extension.
 
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype; with return_lse=True the pair
