@@ -148,12 +148,12 @@ void launch_bwd_sm80(const BwdParams& p, void* stream);
 namespace flashattn::cuda {
 
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
-// keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m = 64 query
-// rows per step through kStages TMA buffers. Registers per consumer thread (240): dK and dV
-// accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ partial 32. head_dim 256
-// does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
-//   hdim 64:  smem 16 + 16 (K, V) + 2 · (8 + 8) (Q, dO) + 32 (dSᵀ, 2 buffers) + 32 (dQ) ≈ 129 KB.
-//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 32 + 32 ≈ 193 KB.
+// keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
+// step (128 at head_dim 64, 64 at 128) through kStages TMA buffers. Registers per consumer thread
+// (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, a dQ tile 32.
+// head_dim 256 does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
+//   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 32 (dSᵀ) + 4 (statistics) + 2 · 2 · 16 (dQ) ≈ 197 KB.
+//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 2 · 16 ≈ 195 KB.
 template <int kHeadDim_>
 struct BwdSm90Config {
   // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
