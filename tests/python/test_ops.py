@@ -153,12 +153,9 @@ def test_eager_path_matches_the_registered_op(device, case):
         assert torch.equal(a, b)
 
 
-# The eager backward reuses the forward's parameter values (_ops._bwd_fast) when dout is contiguous
-# and lse unused; it must give the general path's bits, and step aside for anything else.
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["batched_causal", "varlen", "batched_alibi_bf16", "packed_qkv",
-                                  "strided_dout", "with_lse"])
-def test_eager_backward_fast_path_matches_the_general_path(device, case, monkeypatch):
+@pytest.fixture
+def fast_path_taken(monkeypatch):
+    """A list that gets, per eager backward that asks _ops._bwd_fast, whether it took the call."""
     from flashattn import _ops
 
     taken = []
@@ -170,6 +167,18 @@ def test_eager_backward_fast_path_matches_the_general_path(device, case, monkeyp
         return grads
 
     monkeypatch.setattr(_ops, "_bwd_fast", recorded)
+    return taken
+
+
+# The eager backward reuses the forward's parameter values (_ops._bwd_fast) when dout is contiguous
+# and lse unused; it must give the general path's bits, and step aside for anything else.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["batched_causal", "varlen", "batched_alibi_bf16", "packed_qkv",
+                                  "strided_dout", "with_lse"])
+def test_eager_backward_fast_path_matches_the_general_path(device, case, fast_path_taken):
+    from flashattn import _ops
+
+    taken = fast_path_taken
     args = list(fwd_args(device, **OPCHECK_CASES.get(case, {})))
     if case == "packed_qkv":  # q, k, v strided views of one [batch, seqlen, 3, heads, head_dim] tensor
         q = args[0]
@@ -194,18 +203,8 @@ def test_eager_backward_fast_path_matches_the_general_path(device, case, monkeyp
 # Saved-tensor hooks may hand the backward copies with other strides (save_on_cpu copies views
 # densely), and `x.data = ...` swaps a saved tensor's storage and shape without a version bump: the
 # fast path must notice (it reused the forward's layouts: wrong gradients, reads out of bounds).
-def test_eager_backward_fast_path_checks_the_saved_layouts(monkeypatch):
-    from flashattn import _ops
-
-    taken = []
-    fast = _ops._bwd_fast
-
-    def recorded(ctx, dout):
-        grads = fast(ctx, dout)
-        taken.append(grads is not None)
-        return grads
-
-    monkeypatch.setattr(_ops, "_bwd_fast", recorded)
+def test_eager_backward_fast_path_checks_the_saved_layouts(fast_path_taken):
+    taken = fast_path_taken
     qkv = rand((2, 9, 3, 2, 16), torch.float32, "cpu")
     dout = rand((2, 9, 2, 16), torch.float32, "cpu").detach()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
