@@ -1,77 +1,93 @@
 #!/usr/bin/env bash
-# A/B of a kernel change on the GPU machine in one device call: the change (a branch or commit)
-# is built here for sm_90a only and carried compressed next to build-gpu/dist (main's build).
+# A/B of kernel changes on the GPU machine in one device call: each change (a branch or commit) is
+# built here for sm_90a only and carried compressed next to build-gpu/dist (main's build).
 #
-#   scripts/gpu_ab.sh build REV     here: worktree of REV in build-ab/src, its test_cuda and
-#                                   libflashattn.so (sm_90a, cudart static) packed into
-#                                   .carry/ab.tar.xz (~5 MB; carry .carry and build-gpu/dist).
-#   scripts/gpu_ab.sh run           there: REV's backward and forward GPU suites and racecheck on a
-#                                   small subset, then bench/gpu/bench_attention.py twice in one
-#                                   process group, with main's library and with REV's, on
+#   scripts/gpu_ab.sh build REV...  here: for each REV, a worktree in build-ab/src, its test_cuda
+#                                   and libflashattn.so (sm_90a, cudart static) packed into
+#                                   .carry/ab-REV.tar.xz (~5 MB each; earlier packs are removed;
+#                                   carry .carry and build-gpu/dist).
+#   scripts/gpu_ab.sh run           there: for each pack, REV's backward and forward GPU suites and
+#                                   racecheck on a small subset; then bench/gpu/bench_attention.py on
 #                                   AB_SHAPES (default fa2paper_d64), bf16, FA-2 as the common peer,
-#                                   and bench/gpu/kernel_times.py for both at AB_KERNEL_ARGS.
-# Logs go to $OUT; the two benches' tables are printed last.
+#                                   and bench/gpu/kernel_times.py at AB_KERNEL_ARGS, with main's
+#                                   library and with each REV's, one after the other in one process
+#                                   group.
+# Logs go to $OUT; the benches' tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 
 if [ "$mode" = build ]; then
   set -e
-  rev=${2:?usage: scripts/gpu_ab.sh build REV}
+  shift
+  [ $# -gt 0 ] || { echo "usage: scripts/gpu_ab.sh build REV..."; exit 1; }
   export PATH="/usr/local/cuda/bin:$PATH"
-  rm -rf build-ab/src && mkdir -p build-ab .carry
-  git worktree prune
-  git worktree add -f --detach build-ab/src "$rev" >/dev/null
-  cmake -S build-ab/src -B build-ab/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-    -DFLASHATTN_NATIVE=OFF -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_ARCHS=90a >/dev/null
-  nice -n 5 cmake --build build-ab/build --target test_cuda flashattn -j2 > build-ab/build.log 2>&1 ||
-    { grep -E "error" build-ab/build.log | head; exit 1; }
-  grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers|spill" |
-    sed 's/, used [0-9]* barriers//' | sort | uniq -c
-  if grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers" |
-     grep -vq "Used 168 registers"; then
-    echo "gpu_ab: an sm90 kernel was not built with 168 registers at entry; refusing it (setmaxnreg would hang)"
-    exit 1
-  fi
-  rm -rf build-ab/pack && mkdir -p build-ab/pack/ab
-  cp build-ab/build/tests/cuda/test_cuda build-ab/pack/ab/
-  g++ -shared -o build-ab/pack/ab/libflashattn.so -Wl,--whole-archive build-ab/build/src/libflashattn.a \
-    -Wl,--no-whole-archive /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread \
-    -Wl,--version-script=python/exports.map -Wl,-Bsymbolic -Wl,--no-undefined
-  git -C build-ab/src rev-parse --short HEAD > build-ab/pack/ab/REV
-  tar cJf .carry/ab.tar.xz -C build-ab/pack ab
-  git worktree remove --force build-ab/src
-  du -sh .carry/ab.tar.xz build-gpu/dist
+  mkdir -p build-ab .carry
+  rm -f .carry/ab.tar.xz .carry/ab-*.tar.xz
+  for rev in "$@"; do
+    rm -rf build-ab/src
+    git worktree prune
+    git worktree add -f --detach build-ab/src "$rev" >/dev/null
+    short=$(git -C build-ab/src rev-parse --short HEAD)
+    cmake -S build-ab/src -B build-ab/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_NATIVE=OFF -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_ARCHS=90a >/dev/null
+    nice -n 5 cmake --build build-ab/build --target test_cuda flashattn -j2 > build-ab/build.log 2>&1 ||
+      { grep -E "error" build-ab/build.log | head; exit 1; }
+    echo "== $rev ($short)"
+    grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers|spill" |
+      sed 's/, used [0-9]* barriers//' | sort | uniq -c
+    if grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers" |
+       grep -vq "Used 168 registers"; then
+      echo "gpu_ab: an sm90 kernel of $rev was not built with 168 registers at entry; refusing it (setmaxnreg would hang)"
+      exit 1
+    fi
+    rm -rf build-ab/pack && mkdir -p build-ab/pack/ab
+    cp build-ab/build/tests/cuda/test_cuda build-ab/pack/ab/
+    g++ -shared -o build-ab/pack/ab/libflashattn.so -Wl,--whole-archive build-ab/build/src/libflashattn.a \
+      -Wl,--no-whole-archive /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread \
+      -Wl,--version-script=python/exports.map -Wl,-Bsymbolic -Wl,--no-undefined
+    echo "$short" > build-ab/pack/ab/REV
+    tar cJf ".carry/ab-$short.tar.xz" -C build-ab/pack ab
+    git worktree remove --force build-ab/src
+  done
+  du -sh .carry/ab-*.tar.xz build-gpu/dist
   exit 0
 fi
 
 OUT=${OUT:-$PWD/gpu-ab-out}
 mkdir -p "$OUT"
 DIST=$PWD/build-gpu/dist
-AB=/tmp/flashattn-ab
-rm -rf "$AB" && mkdir -p "$AB" && tar xJf .carry/ab.tar.xz -C "$AB" || { echo "gpu_ab: .carry/ab.tar.xz missing"; exit 1; }
-rev=$(cat "$AB/ab/REV")
 export LD_LIBRARY_PATH="$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # libgomp
+packs=(.carry/ab-*.tar.xz)
+[ -f "${packs[0]}" ] || { echo "gpu_ab: no .carry/ab-*.tar.xz (scripts/gpu_ab.sh build REV... here)"; exit 1; }
 summary=()
-timeout 300 "$AB/ab/test_cuda" --gtest_filter='*CudaBackward*:*CudaForward*' > "$OUT/ab_tests.log" 2>&1
-summary+=("$rev tests: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests.log") failed")
-grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/ab_tests.log" | sort -u | head -10
-timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 "$AB/ab/test_cuda" \
-  --gtest_filter='*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d*:*CudaBackward.*/bf16_varlen_517*:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128' \
-  > "$OUT/ab_racecheck.log" 2>&1
-summary+=("$rev racecheck: rc=$?, $(grep -m1 -E 'RACECHECK SUMMARY' "$OUT/ab_racecheck.log" || echo 'no summary')")
-for side in main "$rev"; do
-  lib=$DIST/libflashattn.so
-  [ "$side" = main ] || lib=$AB/ab/libflashattn.so
+sides=(main)
+declare -A libs=([main]=$DIST/libflashattn.so)
+for pack in "${packs[@]}"; do
+  dir=/tmp/flashattn-$(basename "$pack" .tar.xz)
+  rm -rf "$dir" && mkdir -p "$dir" && tar xJf "$pack" -C "$dir"
+  rev=$(cat "$dir/ab/REV")
+  sides+=("$rev")
+  libs[$rev]=$dir/ab/libflashattn.so
+  timeout 300 "$dir/ab/test_cuda" --gtest_filter='*CudaBackward*:*CudaForward*' > "$OUT/ab_tests_$rev.log" 2>&1
+  summary+=("$rev tests: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_$rev.log") failed")
+  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/ab_tests_$rev.log" | sort -u | head -10
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 "$dir/ab/test_cuda" \
+    --gtest_filter='*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d*:*CudaBackward.*/bf16_varlen_517*:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq520_sk130_h40k8_d64' \
+    > "$OUT/ab_racecheck_$rev.log" 2>&1
+  summary+=("$rev racecheck: rc=$?, $(grep -m1 -E 'RACECHECK SUMMARY' "$OUT/ab_racecheck_$rev.log" || echo 'no summary')")
+done
+for side in "${sides[@]}"; do
+  lib=${libs[$side]}
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 200 python3 bench/gpu/bench_attention.py --out "$OUT/bench_$side" \
     --shapes "${AB_SHAPES:-fa2paper_d64}" --dtypes bfloat16 --peers fa2 --flex-seqlens '' --rep-ms 40 \
     > "$OUT/bench_$side.log" 2>&1
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 60 python3 bench/gpu/kernel_times.py ${AB_KERNEL_ARGS:---seqlen 512} \
     2>/dev/null | grep -A3 "== ours" > "$OUT/kernels_$side.log"
 done
-for side in main "$rev"; do
+for side in "${sides[@]}"; do
   echo "== $side"
   grep "<-" "$OUT/bench_$side.log"
-  cat "$OUT/kernels_$side.log" | cut -c1-120
+  cut -c1-120 "$OUT/kernels_$side.log"
 done
 printf '%s\n' "${summary[@]}"
