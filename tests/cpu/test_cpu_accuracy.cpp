@@ -82,15 +82,7 @@ TEST_P(CpuAccuracy, MatchesReference) {
 constexpr DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
 ProblemConfig batched(DType dt, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d, int64_t b = 1) {
-  ProblemConfig c;
-  c.dtype = dt;
-  c.batch = b;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_k = hk;
-  c.head_dim = d;
-  return c;
+  return ProblemConfig::batched(dt, b, sq, sk, h, hk, d);
 }
 
 ProblemConfig varlen(DType dt, std::vector<int32_t> lq, std::vector<int32_t> lk, int64_t h, int64_t hk, int64_t d) {

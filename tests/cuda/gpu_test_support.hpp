@@ -202,15 +202,7 @@ class DeviceTensor {
 
 // The case builder of the forward and backward suites: a batched problem of these sizes.
 inline ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
-  ProblemConfig c;
-  c.dtype = dt;
-  c.batch = b;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_k = hk;
-  c.head_dim = d;
-  return c;
+  return ProblemConfig::batched(dt, b, sq, sk, h, hk, d);
 }
 
 // Varlen sequences spanning many query and key tiles, whose last tiles cross into the next

@@ -39,6 +39,19 @@ struct ProblemConfig {
   bool deterministic = false;
   std::string tag;  // optional prefix for the name, e.g. "Large"
 
+  // A batched problem of these sizes, every other field at its default.
+  static ProblemConfig batched(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {
+    ProblemConfig c;
+    c.dtype = dt;
+    c.batch = b;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.num_heads = h;
+    c.num_heads_k = hk;
+    c.head_dim = d;
+    return c;
+  }
+
   bool varlen() const { return !lens_q.empty(); }
   int64_t dv() const { return head_dim_v ? head_dim_v : head_dim; }
 
