@@ -149,7 +149,7 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.resolve_neg().contiguous()
 
 
-def _values(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
+def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
             dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
             cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
             float_opts: List[float]) -> Tuple[list, tuple]:
@@ -211,7 +211,8 @@ _T = 13
 _DATA = {name: i * _T for i, name in enumerate(("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv",
                                                  "cu_seqlens_q", "cu_seqlens_k"))}
 _DATA["alibi_slopes"] = 11 * _T + 8
-_STREAM = 12 * _T + 8 + 2
+_NUM_THREADS = 12 * _T + 8 + 1
+_STREAM = _NUM_THREADS + 1
 _INT_OPTS = [11 * _T + i for i in (0, 1, 3, 4, 5, 6)] + [12 * _T + 8]
 assert _STREAM + 1 == len(_capi.PARAMS_STRUCT.unpack(bytes(_capi.PARAMS_STRUCT.size)))
 
@@ -222,8 +223,8 @@ def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
           float_opts: List[float]) -> None:
     """One fa_forward / fa_backward call on these tensors and options (the options as pack_options()
     makes them); CUDA work goes on q's device, on torch's current stream there."""
-    values, kept = _values(backward_pass, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                           alibi_slopes, int_opts, float_opts)
+    values, kept = _values(q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                           int_opts, float_opts)
     _run(backward_pass, q, values)  # `kept` lives until here
 
 
@@ -262,8 +263,8 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
         raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
-    values, kept = _values(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k,
-                           alibi_slopes, int_opts, float_opts)
+    values, kept = _values(q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                           int_opts, float_opts)
     _run(False, q, values)
     template = None
     if (want_template and q is q_in and k is k_in and v is v_in and kept[0] is cu_seqlens_q
@@ -273,15 +274,16 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
         # devices, and `x.data = ...` replaces a tensor's storage and shape).
         layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
                         for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
-        # out is new_empty's, hence contiguous: dout's description is out's.
-        template = values
+        # The forward's values become the backward's (the call is done): out is new_empty's, hence
+        # contiguous, so dout's description is out's; dq, dk, dv are contiguous tensors of q's, k's
+        # and v's shapes.
         i, j = _DATA["dout"], _DATA["out"]
-        template[i:i + _T] = values[j:j + _T]
+        values[i:i + _T] = values[j:j + _T]
         for dst, src in (("dq", "q"), ("dk", "k"), ("dv", "v")):
             i, j = _DATA[dst], _DATA[src]
-            template[i:i + 9] = values[j:j + 9]
-            template[i + 9:i + _T] = _contiguous_strides(values[j + 4], *values[j + 5:j + 9])
-        template = (template, layouts)
+            values[i:i + 9] = values[j:j + 9]
+            values[i + 9:i + _T] = _contiguous_strides(values[j + 4], *values[j + 5:j + 9])
+        template = (values, layouts)
     return out, lse, template
 
 
@@ -487,7 +489,7 @@ def _bwd_fast(ctx, dout: Tensor):
         if t is not None:
             values[_DATA[name]] = t.data_ptr()
     if not q.is_cuda:
-        values[_STREAM - 1] = torch.get_num_threads()
+        values[_NUM_THREADS] = torch.get_num_threads()
     _run(True, q, values)
     return dq, dk, dv, None, None, None, None, None
 
