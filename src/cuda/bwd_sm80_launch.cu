@@ -59,14 +59,6 @@ __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
   return r;
 }
 
-// Sum over the kTpr threads of a row (aligned groups of lanes: xor offsets below kTpr stay inside).
-template <int kTpr>
-__device__ __forceinline__ float row_sum(float x) {
-#pragma unroll
-  for (int o = kTpr / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // D_i = Σ_d dout_id · out_id (FA-2 Alg. 2 line 4) in fp32, and lse·log2(e) with −inf (a row that
 // sees no key) turned into +inf so that the main kernels get P = exp2(s − (+inf)) = 0, never NaN.
 // Also clears the dq accumulator (the atomic / bulk-reduce target of the main kernel), which saves
@@ -101,7 +93,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
       for (int e = 0; e < 8; ++e) acc += to_float(oe[e]) * to_float(de[e]);
     }
   }
-  acc = row_sum<kTpr>(acc);  // every lane takes part: the shuffles name the full warp
+  acc = lane_group_sum<kTpr>(acc);  // a row's kTpr threads; every lane takes part
   if (!r.active || r.sub != 0) return;
   if (!r.valid) {
     p.dsum[r.stat] = 0.f;

@@ -112,9 +112,13 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+// Sum over aligned groups of kLanes lanes (a power of two up to 32; xor offsets below kLanes stay
+// inside the group). Every lane of the warp must take part: the shuffles name the full warp.
+template <int kLanes>
+__device__ __forceinline__ float lane_group_sum(float x) {
+  static_assert(kLanes > 0 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power of two up to 32");
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = kLanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
