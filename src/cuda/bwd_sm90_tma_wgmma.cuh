@@ -15,9 +15,12 @@
 //       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
 //                                                  the fp32 tile goes out as one bulk reduce-add
 //     dK = scale · dK at the end.
-// head_dim 128 splits the dQ product's columns between the two consumers (each reads all 128
-// keys of dSᵀ, so they meet on a named barrier); head_dim 64 splits its keys instead (each adds
-// a partial dQ over its own 64 keys, so each warpgroup only waits for itself).
+// head_dim 128 splits the dQ product's columns between the two consumers, head_dim 64 (128-query
+// steps) its two 64-query tiles: either way each consumer reads all 128 keys of dSᵀ (so they meet
+// on a named barrier) and the block adds one dQ over all its keys, BM x head_dim floats per step.
+// (Splitting the keys instead, each consumer adding a partial dQ over its own 64, spared that
+// barrier but doubled the bulk reduce-add traffic into L2: 512 bytes per query row and block at
+// head_dim 64, twice head_dim 128's per FLOP.)
 //
 // Rows past a sequence's end: TMA zero-fills rows outside a tensor, but varlen tiles that cross
 // a sequence end hold the next sequence's rows; they are zeroed in shared memory before any
@@ -48,10 +51,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using Storage = typename Elem::Storage;
   constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, BM = Cfg::kBlockM, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
-  constexpr bool kDqSplitN = D >= 128;  // else split the dQ product's keys (see the file comment)
+  constexpr bool kDqSplitN = D >= 128;  // else one 64-query tile each (see the file comment)
   constexpr float kLog2e = 1.4426950408889634f;
   static_assert((BM == 64 || BM == 128) && BN == 128, "64-query panels of dSᵀ; two 64-key consumers");
-  static_assert(BM == 64 || !kDqSplitN, "128-query steps only where each consumer reads its own dSᵀ rows");
+  static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 
   const int heads_k = p.num_heads_k;
   const int b = blockIdx.x / heads_k, hk = blockIdx.x % heads_k;
@@ -89,7 +92,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
   const uint32_t sStat0 = sDS0 + Cfg::kDsBuffers * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
   const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
-  const uint32_t bars = sDQ0 + 2 * Cfg::kDqTiles * Cfg::kDqBytes;
+  const uint32_t bars = sDQ0 + 2 * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
   const uint32_t kv_full = bars;
@@ -304,73 +307,63 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int x = 0; x < kStatPerThread; ++x) stats[((t + 1) & 1) * 2 * BM + tid + 128 * x] = next_stat[x];
         }
 
-        // dQ = dS K per 64-query tile (kDqTiles of them per step), 64 columns per warpgroup: A = dSᵀ
-        // read MN-major, B = K MN-major. Each tile leaves as one 16 KB bulk reduce-add (FA-3's dQ
-        // path) from this consumer's staging buffer, in the accumulator's own tiled layout
-        // (bwd_traits.hpp dq_accum_offset). The buffer is free once the previous step's reduces
-        // have read it: thread 0 waits for that before the barrier that also publishes dSᵀ.
+        // dQ = dS K over all 128 keys for one 64 x 64 tile per warpgroup (head_dim 128: columns
+        // cw·64.., head_dim 64: queries cw·64..): A = dSᵀ read MN-major, B = K MN-major. The tile
+        // leaves as one 16 KB bulk reduce-add (FA-3's dQ path) from this consumer's staging
+        // buffer, in the accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset). The
+        // staging buffer is free once the previous step's reduce has read it: thread 0 waits for
+        // that before the barrier that also publishes both consumers' dSᵀ.
         if (tid == 0) bulk_wait_read<0>();
-        if constexpr (kDqSplitN) named_barrier_sync(1, 256);
-        else named_barrier_sync(2 + cw, 128);
+        named_barrier_sync(1, 256);
         const int col0 = kDqSplitN ? cw * 64 : 0;
+        float dq[32];
+        wgmma_fence();
 #pragma unroll
-        for (int qt = 0; qt < Cfg::kDqTiles; ++qt) {
-          float dq[32];
-          wgmma_fence();
-          if constexpr (kDqSplitN) {
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          const uint32_t a = kDqSplitN ? sDS + kk * 16 * 128 : sDS + cw * BN * 128 + kk * 16 * 128;
+          const uint32_t bk = kDqSplitN ? sK + cw * BN * 128 + kk * 16 * 128 : sK + kk * 16 * 128;
+          Wgmma<Elem, 64>::tt(dq, make_desc(a, 1024, 1024), make_desc(bk, BN * 128, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-              Wgmma<Elem, 64>::tt(dq, make_desc(sDS + kk * 16 * 128, 1024, 1024),
-                                  make_desc(sK + cw * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
-          } else {
+        for (int i = 0; i < D / 2; ++i) {
+          fence_operand(dk[i]);
+          fence_operand(dv[i]);
+        }
+        // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-              Wgmma<Elem, 64>::tt(dq, make_desc(sDS + qt * BN * 128 + (cw * 64 + kk * 16) * 128, 1024, 1024),
-                                  make_desc(sK + (cw * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
+        for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            fence_operand(pf[kk][r]);
+            fence_operand(dsf[kk][r]);
           }
-          wgmma_commit();
-          if (qt == 0) {
-            wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));
+        wgmma_wait<0>();
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) {
-              fence_operand(dk[i]);
-              fence_operand(dv[i]);
-            }
-            // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
-#pragma unroll
-            for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) {
-                fence_operand(pf[kk][r]);
-                fence_operand(dsf[kk][r]);
-              }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty(s));
-          }
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
+        for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
 
-          // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
-          const uint32_t sDQ = sDQ0 + (cw * Cfg::kDqTiles + qt) * Cfg::kDqBytes;
+        // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
+        const uint32_t sDQ = sDQ0 + cw * Cfg::kDqBytes;
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int r = warp * 16 + g + hr * 8;
-              *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (r * 64 + ((j ^ (r & 7)) << 3) + 2 * t4)) =
-                  make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
-            }
-          fence_proxy_async();
-          named_barrier_sync(4 + cw, 128);
-          if (tid == 0) {
-            // Rows past the sequence end hold exact zeros (their dS columns are 0); the
-            // statistics rows are padded, so the whole tile lies inside the accumulator.
-            float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
-                         dq_accum_offset(p, m0 + 64 * qt, col0);
-            bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
-            bulk_commit();
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = warp * 16 + g + hr * 8;
+            *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (r * 64 + ((j ^ (r & 7)) << 3) + 2 * t4)) =
+                make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
           }
+        fence_proxy_async();
+        named_barrier_sync(4 + cw, 128);
+        if (tid == 0) {
+          // Rows past the sequence end hold exact zeros (their dS columns are 0); the
+          // statistics rows are padded, so the whole tile lies inside the accumulator.
+          float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
+                       dq_accum_offset(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0);
+          bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
+          bulk_commit();
         }
         if (++s == S) {
           s = 0;

@@ -150,30 +150,30 @@ namespace flashattn::cuda {
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
 // step (128 at head_dim 64, 64 at 128) through kStages TMA buffers. Registers per consumer thread
-// (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, a dQ tile 32.
+// (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32.
 // head_dim 256 does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
-//   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 32 (dSᵀ) + 4 (statistics) + 2 · 2 · 16 (dQ) ≈ 197 KB.
-//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 2 · 16 ≈ 195 KB.
+//   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 2 · 32 (dSᵀ) + 4 (statistics) + 32 (dQ) ≈ 197 KB.
+//   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 32 ≈ 195 KB.
 template <int kHeadDim_>
 struct BwdSm90Config {
   // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
-  // bytes per FLOP and half the per-step overhead of 64-row steps; dQ is computed in two 64-row
-  // halves so that the registers fit); head_dim 128 keeps 64 rows (its dK, dV accumulators are
-  // twice as large).
+  // bytes per FLOP and half the per-step overhead of 64-row steps; each consumer computes dQ for one
+  // of the two 64-row halves, so that the registers fit); head_dim 128 keeps 64 rows (its dK, dV
+  // accumulators are twice as large).
   static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kHeadDim_ <= 64 ? 128 : 64, kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
-  // head_dim 64 splits dQ's keys between the consumers, so each reads only its own rows of dSᵀ and
-  // one buffer serves (a consumer finishes its dQ before its next step writes); head_dim 128
-  // splits dQ's columns, each consumer reads all of dSᵀ, and the buffer alternates per step.
-  static constexpr int kDsBuffers = kHeadDim_ <= 64 ? 1 : 2;
+  // Each consumer's dQ reads all of dSᵀ (both consumers' rows), so the buffer alternates per step:
+  // one consumer may write step t + 1's while the other still reads step t's.
+  static constexpr int kDsBuffers = 2;
   static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
-  static constexpr int kDqBytes = 64 * 64 * 4;              // one fp32 dQ tile of 64 query rows
-  static constexpr int kDqTiles = kBlockM / 64;             // dQ tiles per step and consumer
+  static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile per step
+  // (A second dQ staging buffer per consumer, so that a step's tile need not wait for the previous
+  // step's reduce, would pass 227 KB at head_dim 64 next to two dSᵀ buffers.)
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + 8 * kStatBytes +
-                                    2 * kDqTiles * kDqBytes + 256 + 1024;
+                                    2 * kDqBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
