@@ -99,8 +99,14 @@ struct FwdSm90Config {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
+  // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
+  // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
+  static constexpr int kOBytes = 2 * kQBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kQBytes : 0;
+  static constexpr bool kPersistent = kOBytes > 0;
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 256 + 1024;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes + 256 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
 template <int kHeadDim>
