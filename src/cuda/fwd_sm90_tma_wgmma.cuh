@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Tile t = (batch, head, query block), query blocks from the end of the sequence first (under a
   // causal mask the last ones see the most keys). This block takes tiles blockIdx.x, + gridDim.x,
-  // ...: a persistent grid of one block per multiprocessor (kPersistent), else one block per tile.
+  // ...: a persistent grid of one block per multiprocessor, or one block per tile (launch_fwd_sm90
+  // says which).
   auto tile_block = [&](int64_t tile, FwdBlock& blk) {
     const int mi = int(tile % num_m_blocks);
     const int64_t bh = tile / num_m_blocks;
@@ -419,7 +420,12 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t num_tiles = int64_t(num_m_blocks) * p.num_heads * batch;
-  const int64_t blocks = Cfg::kPersistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
+  // Persistent only where every tile costs the same: a static round-robin under a causal mask,
+  // a window or varlen lengths would give some blocks several times the work of others (where
+  // gridDim.x is a multiple of the query blocks per head, block x gets the same query block of
+  // every head), which one block per tile leaves to the hardware's dispatch instead.
+  const bool uniform = !varlen && p.window_size_left < 0 && p.window_size_right < 0;
+  const int64_t blocks = Cfg::kPersistent && uniform ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   if (blocks > 0x7fffffff)
     throw Error("q: expected at most 2^31 - 1 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda (grid x), got " + std::to_string(blocks));
