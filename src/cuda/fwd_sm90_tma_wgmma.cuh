@@ -1,10 +1,11 @@
 // FlashAttention forward on Hopper (sm_90a) with TMA, mbarriers, wgmma and warp specialization
 // (FlashAttention-3, Shah et al. 2024, Sec. 3.1 and Alg. 1-2).
 //
-// One block computes block_m = 128 query rows of one (batch, head) with three warpgroups:
+// A tile is block_m = 128 query rows of one (batch, head); a block goes through one or (a
+// persistent grid) several tiles with three warpgroups:
 //   - the producer (warpgroup 0, 24 registers after setmaxnreg) issues one thread's TMA copies of
-//     Q once and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full" mbarrier,
-//     and waits on "empty" mbarriers before reusing a buffer;
+//     each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full"
+//     mbarrier, and waits on "empty" mbarriers before reusing a buffer;
 //   - two consumers (240 registers each) own 64 query rows each (wgmma's M). Per key tile:
 //     S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
@@ -110,16 +111,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         FwdBlock blk;
         if (!tile_block(tile, blk) || blk.nb_max <= blk.nb_min) continue;
         const int tma_batch = varlen ? 0 : blk.b;
-        // The previous tile's consumers are past their last S = Q Kᵀ.
-        mbar_wait(q_empty, (loaded & 1) ^ 1);
-        mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-        tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
-        ++loaded;
         for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
           const int row = int(blk.k_start) + nb * BN;
           mbar_wait(k_empty(stage), phase ^ 1);
           mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
           tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
+          if (nb == blk.nb_max - 1) {
+            // Q once the previous tile's consumers are past its last S = Q Kᵀ (after the first K,
+            // so that a free ring slot need not wait for that).
+            mbar_wait(q_empty, (loaded & 1) ^ 1);
+            mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+            tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
+            ++loaded;
+          }
           mbar_wait(v_empty(stage), phase ^ 1);
           mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
           tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
@@ -425,7 +429,14 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   // gridDim.x is a multiple of the query blocks per head, block x gets the same query block of
   // every head), which one block per tile leaves to the hardware's dispatch instead.
   const bool uniform = !varlen && p.window_size_left < 0 && p.window_size_right < 0;
-  const int64_t blocks = Cfg::kPersistent && uniform ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
+  int64_t blocks = Cfg::kPersistent && uniform ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
+  // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
+  // test shapes send each block through several tiles.
+  static const int64_t cap = [] {
+    const char* v = std::getenv("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
+    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
+  }();
+  if (Cfg::kPersistent && uniform && cap > 0) blocks = std::min(blocks, cap);
   if (blocks > 0x7fffffff)
     throw Error("q: expected at most 2^31 - 1 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda (grid x), got " + std::to_string(blocks));

@@ -85,12 +85,13 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 query rows as
 // two consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing TMA, and kStages
-// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes (≤ 227 KB).
+// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes, plus an O
+// staging buffer of Q's size where that still fits in 227 KB (the persistent grid, kPersistent).
 // Registers per consumer thread (240 after setmaxnreg): S = block_n / 2, P = block_n / 4,
 // O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
-//   hdim 64:  block_n 128, 3 stages: 112 KB; S 64 + P 32 + O 32 registers.
-//   hdim 128: block_n 128, 2 stages: 160 KB; S 64 + P 32 + O 64.
-//   hdim 256: block_n 64, 2 stages: 192 KB; S 32 + P 16 + O 128.
+//   hdim 64:  block_n 128, 3 stages: 128 KB with O; S 64 + P 32 + O 32 registers.
+//   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
+//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
 template <int kHeadDim_, int kBlockN_, int kStages_>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
