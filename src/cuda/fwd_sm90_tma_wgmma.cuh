@@ -29,9 +29,12 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -47,25 +50,29 @@ template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
-                    const int num_m_blocks, const int64_t num_tiles) {
+                    const int num_m_blocks, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   using Storage = typename Elem::Storage;
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
+  static_assert(128 * (kEntryRegs - Cfg::kProducerRegs) >= 256 * (Cfg::kConsumerRegs - kEntryRegs),
+                "setmaxnreg: the consumers would wait for registers the producer never frees");
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Tile t = (batch, head, query block), query blocks from the end of the sequence first (under a
-  // causal mask the last ones see the most keys). This block takes tiles blockIdx.x, + gridDim.x,
-  // ...: a persistent grid of one block per multiprocessor, or one block per tile (launch_fwd_sm90
-  // says which).
-  auto tile_block = [&](int64_t tile, FwdBlock& blk) {
-    const int mi = int(tile % num_m_blocks);
-    const int64_t bh = tile / num_m_blocks;
-    return fwd_block_at<BM, BN>(p, num_m_blocks - 1 - mi, int(bh % p.num_heads), int(bh / p.num_heads), blk);
+  // causal mask the last ones see the most keys). A block starts with tile blockIdx.x and goes on
+  // with blockIdx.x + gridDim.x, ... (static), or, given tile_counter, with gridDim.x plus what an
+  // atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
+  // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
+  // tiles the producer fetches them and hands them to the consumers through a two-entry ring.
+  const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
+  auto tile_block = [&](int tile, FwdBlock& blk) {
+    const int mi = tile % num_m_blocks, bh = tile / num_m_blocks;
+    return fwd_block_at<BM, BN>(p, num_m_blocks - 1 - mi, bh % p.num_heads, bh / p.num_heads, blk);
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -84,6 +91,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto k_empty = [&](int s) { return bars + 8 * (2 + S + s); };
   auto v_full = [&](int s) { return bars + 8 * (2 + 2 * S + s); };
   auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * S + s); };
+  auto tile_full = [&](int e) { return bars + 8 * (2 + 4 * S + e); };
+  auto tile_empty = [&](int e) { return bars + 8 * (4 + 4 * S + e); };
+  int* tile_ring = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (6 + 4 * S));
+  static_assert(8 * (8 + 4 * S) <= 256, "mbarriers and the tile ring fit in the 256 bytes kept for them");
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -94,49 +105,74 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(k_empty(s), kConsumerWarps);
       mbar_init(v_empty(s), kConsumerWarps);
     }
+    for (int e = 0; e < 2; ++e) {
+      mbar_init(tile_full(e), 1);
+      mbar_init(tile_empty(e), kConsumerWarps);
+    }
     fence_barrier_init();
   }
   __syncthreads();
 
   if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer warpgroup
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensormap(&tmap_q);
       prefetch_tensormap(&tmap_k);
       prefetch_tensormap(&tmap_v);
       int stage = 0, loaded = 0;
       uint32_t phase = 0;
-      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      int tile = blockIdx.x;
+      for (int j = 0;; ++j) {
+        if (dynamic) {
+          mbar_wait(tile_empty(j & 1), ((j >> 1) & 1) ^ 1);
+          tile_ring[j & 1] = tile;
+          mbar_arrive(tile_full(j & 1));  // release: the consumers read the ring entry after it
+        }
+        if (tile >= num_tiles) break;
         FwdBlock blk;
-        if (!tile_block(tile, blk) || blk.nb_max <= blk.nb_min) continue;
-        const int tma_batch = varlen ? 0 : blk.b;
-        for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
-          const int row = int(blk.k_start) + nb * BN;
-          mbar_wait(k_empty(stage), phase ^ 1);
-          mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
-          tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
-          if (nb == blk.nb_max - 1) {
-            // Q once the previous tile's consumers are past its last S = Q Kᵀ (after the first K,
-            // so that a free ring slot need not wait for that).
-            mbar_wait(q_empty, (loaded & 1) ^ 1);
-            mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-            tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
-            ++loaded;
+        if (tile_block(tile, blk) && blk.nb_max > blk.nb_min) {
+          const int tma_batch = varlen ? 0 : blk.b;
+          for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
+            const int row = int(blk.k_start) + nb * BN;
+            mbar_wait(k_empty(stage), phase ^ 1);
+            mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
+            tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
+            if (nb == blk.nb_max - 1) {
+              // Q once the previous tile's consumers are past its last S = Q Kᵀ (after the first K,
+              // so that a free ring slot need not wait for that).
+              mbar_wait(q_empty, (loaded & 1) ^ 1);
+              mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+              tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
+              ++loaded;
+            }
+            mbar_wait(v_empty(stage), phase ^ 1);
+            mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
+            tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
+            if (++stage == S) {
+              stage = 0;
+              phase ^= 1;
+            }
           }
-          mbar_wait(v_empty(stage), phase ^ 1);
-          mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
-          tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
-          if (++stage == S) {
-            stage = 0;
-            phase ^= 1;
-          }
+        }
+        // The next tile once this one's loads are issued (the producer runs ahead of the consumers
+        // by the ring's depth, which hides the atomic's latency; fetching earlier would keep it in
+        // one of the producer's 24 registers all along: a spill at head_dim 128 and 256).
+        tile = int(gridDim.x) + (dynamic ? atomicAdd(tile_counter, 1) : tile);
+      }
+      if (dynamic) {
+        // The last block to finish fetching re-zeroes the counter for the next launch on its slot.
+        __threadfence();
+        if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) {
+          __threadfence();
+          tile_counter[0] = 0;
+          tile_counter[1] = 0;
         }
       }
     }
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -157,7 +193,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // producer's do.
     int stage = 0, loaded = 0;
     uint32_t phase = 0;
-    for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    for (int j = 0;; ++j) {
+      int tile = blockIdx.x + j * gridDim.x;
+      if (dynamic) {
+        mbar_wait(tile_full(j & 1), (j >> 1) & 1);
+        tile = tile_ring[j & 1];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(tile_empty(j & 1));
+      }
+      if (tile >= num_tiles) break;
       FwdBlock blk;
       if (!tile_block(tile, blk)) continue;
       const int b = blk.b, h = blk.h, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
@@ -408,6 +452,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
+// A zeroed pair of ints (next tile, finished blocks) for one dynamic persistent forward launch:
+// 64 slots per device, allocated and zeroed once and taken in turn, the kernel's last block
+// re-zeroing its slot (so 64 launches would have to run at once to share one). nullptr while the
+// stream is being captured before the first allocation (cudaMalloc is not allowed then): the
+// caller then launches one block per tile.
+inline int* fwd_tile_counter(cudaStream_t stream) {
+  constexpr int kSlots = 64;
+  static std::mutex mu;
+  static std::map<int, int*> slots;
+  static std::atomic<unsigned> next{0};
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  int* base = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = slots.find(device);
+    if (it != slots.end()) {
+      base = it->second;
+    } else {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      FA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      if (capture != cudaStreamCaptureStatusNone) return nullptr;
+      FA_CUDA_CHECK(cudaMalloc(&base, 2 * kSlots * sizeof(int)));
+      FA_CUDA_CHECK(cudaMemset(base, 0, 2 * kSlots * sizeof(int)));
+      slots[device] = base;
+    }
+  }
+  return base + 2 * (next.fetch_add(1) % kSlots);
+}
+
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
   using Cfg = typename FwdSm90Traits<kHeadDim>::Config;
@@ -424,24 +498,28 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t num_tiles = int64_t(num_m_blocks) * p.num_heads * batch;
-  // Persistent only where every tile costs the same: a static round-robin under a causal mask,
-  // a window or varlen lengths would give some blocks several times the work of others (where
-  // gridDim.x is a multiple of the query blocks per head, block x gets the same query block of
-  // every head), which one block per tile leaves to the hardware's dispatch instead.
+  // Static tiles where every tile costs the same; under a causal mask, a window or varlen lengths a
+  // static round-robin would give some blocks several times the work of others (where gridDim.x is
+  // a multiple of the query blocks per head, block x gets the same query block of every head), so
+  // those take tiles from a counter (dynamic), or one block per tile when there is no counter.
   const bool uniform = !varlen && p.window_size_left < 0 && p.window_size_right < 0;
-  int64_t blocks = Cfg::kPersistent && uniform ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  int* const counter = Cfg::kPersistent && !uniform ? fwd_tile_counter(cuda_stream) : nullptr;
+  const bool persistent = Cfg::kPersistent && (uniform || counter != nullptr);
+  int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.
   static const int64_t cap = [] {
     const char* v = std::getenv("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
     return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
   }();
-  if (Cfg::kPersistent && uniform && cap > 0) blocks = std::min(blocks, cap);
-  if (blocks > 0x7fffffff)
-    throw Error("q: expected at most 2^31 - 1 query blocks of " + std::to_string(Cfg::kBlockM) +
-                " rows over batch and heads on cuda (grid x), got " + std::to_string(blocks));
-  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, tq, tk, tv, num_m_blocks, num_tiles);
+  if (persistent && cap > 0) blocks = std::min(blocks, cap);
+  // Tile indices are ints (the static order's blockIdx.x + j · gridDim.x stays below 2^31 too).
+  if (num_tiles + multiprocessor_count() > 0x7fffffff)
+    throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
+                " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
+                                                                                 int(num_tiles), counter);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -105,6 +105,11 @@ struct FwdSm90Config {
   // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
   static constexpr int kOBytes = 2 * kQBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kQBytes : 0;
   static constexpr bool kPersistent = kOBytes > 0;
+  // setmaxnreg split (sm90_utils.cuh; the kernel checks it against the 168 entry registers): a
+  // persistent producer carries its tile loop's state (tile, ring index, counts) and needs 32
+  // registers (with 24 it spilled one at head_dim 128); its consumers then get 232.
+  static constexpr int kProducerRegs = kPersistent ? 32 : 24;
+  static constexpr int kConsumerRegs = kPersistent ? 232 : 240;
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
