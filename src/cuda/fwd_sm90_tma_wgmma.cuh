@@ -3,10 +3,12 @@
 //
 // A tile is block_m = 128 query rows of one (batch, head); a block goes through one or (a
 // persistent grid) several tiles with three warpgroups:
-//   - the producer (warpgroup 0, 24 registers after setmaxnreg) issues one thread's TMA copies of
+//   - the producer (warpgroup 0, 24 or, persistent, 32 registers after setmaxnreg) issues one
+//     thread's TMA copies of
 //     each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full"
 //     mbarrier, and waits on "empty" mbarriers before reusing a buffer;
-//   - two consumers (240 registers each) own 64 query rows each (wgmma's M). Per key tile:
+//   - two consumers (240 or, persistent, 232 registers each) own 64 query rows each (wgmma's M).
+//     Per key tile:
 //     S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
@@ -124,14 +126,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       uint32_t phase = 0;
       int tile = blockIdx.x;
       for (int j = 0;; ++j) {
+        FwdBlock blk;
+        bool real = tile < num_tiles && tile_block(tile, blk);
         if (dynamic) {
+          // Only the producer decides the sequence, so tiles past their (varlen) sequence's end,
+          // which have no rows to write, are skipped here instead of being handed on.
+          while (tile < num_tiles && !real) {
+            tile = int(gridDim.x) + atomicAdd(tile_counter, 1);
+            real = tile < num_tiles && tile_block(tile, blk);
+          }
           mbar_wait(tile_empty(j & 1), ((j >> 1) & 1) ^ 1);
           tile_ring[j & 1] = tile;
           mbar_arrive(tile_full(j & 1));  // release: the consumers read the ring entry after it
         }
         if (tile >= num_tiles) break;
-        FwdBlock blk;
-        if (tile_block(tile, blk) && blk.nb_max > blk.nb_min) {
+        if (real && blk.nb_max > blk.nb_min) {
           const int tma_batch = varlen ? 0 : blk.b;
           for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
             const int row = int(blk.k_start) + nb * BN;
@@ -157,8 +166,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         // The next tile once this one's loads are issued (the producer runs ahead of the consumers
         // by the ring's depth, which hides the atomic's latency; fetching earlier would keep it in
-        // one of the producer's 24 registers all along: a spill at head_dim 128 and 256).
-        tile = int(gridDim.x) + (dynamic ? atomicAdd(tile_counter, 1) : tile);
+        // a register all along). The static step saturates at num_tiles: with one block per tile,
+        // tile + gridDim.x would pass 2^31 for num_tiles above 2^30.
+        tile = dynamic ? int(gridDim.x) + atomicAdd(tile_counter, 1)
+                       : (tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x));
       }
       if (dynamic) {
         // The last block to finish fetching re-zeroes the counter for the next launch on its slot.
@@ -193,8 +204,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // producer's do.
     int stage = 0, loaded = 0;
     uint32_t phase = 0;
+    int static_tile = blockIdx.x;
     for (int j = 0;; ++j) {
-      int tile = blockIdx.x + j * gridDim.x;
+      int tile = static_tile;
+      static_tile = static_tile >= num_tiles - int(gridDim.x) ? num_tiles : static_tile + int(gridDim.x);
       if (dynamic) {
         mbar_wait(tile_full(j & 1), (j >> 1) & 1);
         tile = tile_ring[j & 1];
@@ -452,34 +465,66 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-// A zeroed pair of ints (next tile, finished blocks) for one dynamic persistent forward launch:
-// 64 slots per device, allocated and zeroed once and taken in turn, the kernel's last block
-// re-zeroing its slot (so 64 launches would have to run at once to share one). nullptr while the
-// stream is being captured before the first allocation (cudaMalloc is not allowed then): the
-// caller then launches one block per tile.
-inline int* fwd_tile_counter(cudaStream_t stream) {
-  constexpr int kSlots = 64;
-  static std::mutex mu;
-  static std::map<int, int*> slots;
-  static std::atomic<unsigned> next{0};
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  int* base = nullptr;
-  {
-    const std::lock_guard<std::mutex> lock(mu);
-    const auto it = slots.find(device);
-    if (it != slots.end()) {
-      base = it->second;
-    } else {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      FA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-      if (capture != cudaStreamCaptureStatusNone) return nullptr;
-      FA_CUDA_CHECK(cudaMalloc(&base, 2 * kSlots * sizeof(int)));
-      FA_CUDA_CHECK(cudaMemset(base, 0, 2 * kSlots * sizeof(int)));
-      slots[device] = base;
-    }
+// The zeroed pair of ints (next tile, finished blocks) of a dynamic persistent forward on this
+// stream: one pair per (device, stream), allocated and zeroed on the stream once (cudaMemsetAsync:
+// ordered before every kernel that uses it, since all of them run on that stream, one after the
+// other); each launch's last block re-zeroes it for the next. Launches on other streams have pairs
+// of their own, so no two kernels that may run at once share one. While the stream is being
+// captured, a pair is allocated, zeroed and freed with the launch (stream-ordered, so the graph
+// owns it and replays on any stream never share). nullptr when any of that fails (the caller then
+// launches one block per tile). A stream destroyed and another created at the same address reuse
+// the pair: by then the old stream's kernels have finished, unless it was destroyed with work
+// pending.
+struct FwdTileCounter {
+  int* ptr = nullptr;              // what the kernel gets
+  int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
+  cudaStream_t free_on = nullptr;
+  ~FwdTileCounter() {
+    if (launch_alloc != nullptr) cudaFreeAsync(launch_alloc, free_on);
   }
-  return base + 2 * (next.fetch_add(1) % kSlots);
+};
+
+inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, int*> pairs;
+  int device = 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  constexpr size_t kBytes = 2 * sizeof(int);
+  if (capture != cudaStreamCaptureStatusNone) {
+    int* ptr = nullptr;
+    if (cudaMallocAsync(&ptr, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    counter.launch_alloc = ptr;
+    counter.free_on = stream;
+    if (cudaMemsetAsync(ptr, 0, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    counter.ptr = ptr;
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  int*& ptr = pairs[{device, stream}];
+  if (ptr == nullptr) {
+    int* fresh = nullptr;
+    if (cudaMalloc(&fresh, kBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (cudaMemsetAsync(fresh, 0, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaFree(fresh);
+      return;
+    }
+    ptr = fresh;
+  }
+  counter.ptr = ptr;
 }
 
 template <typename Elem, int kHeadDim>
@@ -504,8 +549,9 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   // those take tiles from a counter (dynamic), or one block per tile when there is no counter.
   const bool uniform = !varlen && p.window_size_left < 0 && p.window_size_right < 0;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  int* const counter = Cfg::kPersistent && !uniform ? fwd_tile_counter(cuda_stream) : nullptr;
-  const bool persistent = Cfg::kPersistent && (uniform || counter != nullptr);
+  FwdTileCounter counter;
+  if (Cfg::kPersistent && !uniform) fwd_tile_counter(cuda_stream, counter);
+  const bool persistent = Cfg::kPersistent && (uniform || counter.ptr != nullptr);
   int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.
@@ -514,12 +560,13 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
     return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
   }();
   if (persistent && cap > 0) blocks = std::min(blocks, cap);
-  // Tile indices are ints (the static order's blockIdx.x + j · gridDim.x stays below 2^31 too).
+  // Tile indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
+  // the multiprocessors), and the static step saturates at num_tiles.
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
-                                                                                 int(num_tiles), counter);
+                                                                                 int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

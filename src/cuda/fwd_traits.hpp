@@ -87,7 +87,7 @@ namespace flashattn::cuda {
 // two consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing TMA, and kStages
 // K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes, plus an O
 // staging buffer of Q's size where that still fits in 227 KB (the persistent grid, kPersistent).
-// Registers per consumer thread (240 after setmaxnreg): S = block_n / 2, P = block_n / 4,
+// Registers per consumer thread (240 after setmaxnreg, 232 persistent): S = block_n / 2, P = block_n / 4,
 // O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
 //   hdim 64:  block_n 128, 3 stages: 128 KB with O; S 64 + P 32 + O 32 registers.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
