@@ -209,10 +209,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int tile = static_tile;
       static_tile = static_tile >= num_tiles - int(gridDim.x) ? num_tiles : static_tile + int(gridDim.x);
       if (dynamic) {
+        // Lane 0 alone reads the entry and frees it: an mbarrier arrive releases only the
+        // arriving thread's own accesses, so the other lanes' reads would not be ordered before
+        // the producer's next write to it (racecheck reports exactly that); a shuffle hands it on.
         mbar_wait(tile_full(j & 1), (j >> 1) & 1);
-        tile = tile_ring[j & 1];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(tile_empty(j & 1));
+        int entry = 0;
+        if (lane == 0) {
+          entry = tile_ring[j & 1];
+          mbar_arrive(tile_empty(j & 1));
+        }
+        tile = __shfl_sync(0xffffffffu, entry, 0);
       }
       if (tile >= num_tiles) break;
       FwdBlock blk;
