@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -42,6 +43,21 @@ inline void set_max_dynamic_smem(const void* kernel, int bytes) {
   if (done.count({kernel, device, bytes}) != 0) return;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   done.insert({kernel, device, bytes});
+}
+
+// The current device's multiprocessor count, read once per device (persistent grids are sized by it).
+inline int multiprocessor_count() {
+  static std::mutex mu;
+  static std::map<int, int> counts;
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = counts.find(device);
+  if (it != counts.end()) return it->second;
+  int n = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  counts[device] = n;
+  return n;
 }
 
 }  // namespace flashattn::cuda

@@ -18,16 +18,13 @@ struct FwdBlock {
   int nb_min, nb_max;     // key tiles [nb_min, nb_max) of block_n keys seen by some row (may be empty)
 };
 
-// Fills `blk` for grid block (gridDim.x − 1 − blockIdx.x, blockIdx.y = head, blockIdx.z = batch):
-// query blocks are taken from the end of the sequence first, since under a causal mask the last
-// ones see the most keys. Returns false when the block lies past its sequence's end (varlen
-// batches are sized by the longest sequence). The key range is params.hpp's visible_keys() over
-// rows m0 .. last_row.
+// Fills `blk` for query block m_block of (batch b, query head h). Returns false when the block lies
+// past its sequence's end (varlen batches are sized by the longest sequence). The key range is
+// params.hpp's visible_keys() over rows m0 .. last_row.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool fwd_block(const FwdParams& p, FwdBlock& blk) {
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  blk.h = blockIdx.y;
-  blk.b = blockIdx.z;
+__device__ __forceinline__ bool fwd_block_at(const FwdParams& p, int m_block, int h, int b, FwdBlock& blk) {
+  blk.h = h;
+  blk.b = b;
   blk.q_start = blk.k_start = 0;
   blk.len_q = p.seqlen_q;
   blk.len_k = p.seqlen_k;
@@ -48,6 +45,14 @@ __device__ __forceinline__ bool fwd_block(const FwdParams& p, FwdBlock& blk) {
   blk.nb_min = key_lo >= key_hi ? 0 : int(key_lo / kBlockN);
   blk.nb_max = key_lo >= key_hi ? 0 : int((key_hi + kBlockN - 1) / kBlockN);
   return true;
+}
+
+// fwd_block_at for grid block (gridDim.x − 1 − blockIdx.x, blockIdx.y = head, blockIdx.z = batch):
+// query blocks are taken from the end of the sequence first, since under a causal mask the last
+// ones see the most keys.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool fwd_block(const FwdParams& p, FwdBlock& blk) {
+  return fwd_block_at<kBlockM, kBlockN>(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z, blk);
 }
 
 }  // namespace flashattn::cuda

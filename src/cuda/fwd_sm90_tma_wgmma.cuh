@@ -1,11 +1,14 @@
 // FlashAttention forward on Hopper (sm_90a) with TMA, mbarriers, wgmma and warp specialization
 // (FlashAttention-3, Shah et al. 2024, Sec. 3.1 and Alg. 1-2).
 //
-// One block computes block_m = 128 query rows of one (batch, head) with three warpgroups:
-//   - the producer (warpgroup 0, 24 registers after setmaxnreg) issues one thread's TMA copies of
-//     Q once and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full" mbarrier,
-//     and waits on "empty" mbarriers before reusing a buffer;
-//   - two consumers (240 registers each) own 64 query rows each (wgmma's M). Per key tile:
+// A tile is block_m = 128 query rows of one (batch, head); a block goes through one or (a
+// persistent grid) several tiles with three warpgroups:
+//   - the producer (warpgroup 0, 24 or, persistent, 32 registers after setmaxnreg) issues one
+//     thread's TMA copies of
+//     each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full"
+//     mbarrier, and waits on "empty" mbarriers before reusing a buffer;
+//   - two consumers (240 or, persistent, 232 registers each) own 64 query rows each (wgmma's M).
+//     Per key tile:
 //     S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
@@ -27,9 +30,13 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -44,23 +51,31 @@ namespace flashattn::cuda {
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
-                    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+                    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                    const int num_m_blocks, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   using Storage = typename Elem::Storage;
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
+  static_assert(128 * (kEntryRegs - Cfg::kProducerRegs) >= 256 * (Cfg::kConsumerRegs - kEntryRegs),
+                "setmaxnreg: the consumers would wait for registers the producer never frees");
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
-  FwdBlock blk;
-  if (!fwd_block<BM, BN>(p, blk)) return;
-  const int b = blk.b, h = blk.h, h_k = blk.h_k, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
-  const int64_t q_start = blk.q_start, k_start = blk.k_start, offset = blk.offset, last_row = blk.last_row;
-  const int nb_min = blk.nb_min, nb_max = blk.nb_max;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int tma_batch = varlen ? 0 : b;
+  // Tile t = (batch, head, query block), query blocks from the end of the sequence first (under a
+  // causal mask the last ones see the most keys). A block starts with tile blockIdx.x and goes on
+  // with blockIdx.x + gridDim.x, ... (static), or, given tile_counter, with gridDim.x plus what an
+  // atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
+  // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
+  // tiles the producer fetches them and hands them to the consumers through a two-entry ring.
+  const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
+  auto tile_block = [&](int tile, FwdBlock& blk) {
+    const int mi = tile % num_m_blocks, bh = tile / num_m_blocks;
+    return fwd_block_at<BM, BN>(p, num_m_blocks - 1 - mi, bh % p.num_heads, bh / p.num_heads, blk);
+  };
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -68,20 +83,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* smem = smem_raw + (sQ - raw);  // generic pointer to sQ
   const uint32_t sK = sQ + Cfg::kQBytes;
   const uint32_t sV = sK + S * Cfg::kKVBytes;
-  const uint32_t bars = sV + S * Cfg::kKVBytes;
-  const uint32_t q_full = bars;
-  auto k_full = [&](int s) { return bars + 8 * (1 + s); };
-  auto k_empty = [&](int s) { return bars + 8 * (1 + S + s); };
-  auto v_full = [&](int s) { return bars + 8 * (1 + 2 * S + s); };
-  auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * S + s); };
+  // The epilogue stages O in its own buffer when the block goes on to another tile (the next Q
+  // then loads while this tile's last products and epilogue run), else in the Q tile.
+  const uint32_t sO = Cfg::kPersistent ? sV + S * Cfg::kKVBytes : sQ;
+  uint8_t* smem_o = smem + (sO - sQ);
+  const uint32_t bars = sV + S * Cfg::kKVBytes + Cfg::kOBytes;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 8 * (2 + s); };
+  auto k_empty = [&](int s) { return bars + 8 * (2 + S + s); };
+  auto v_full = [&](int s) { return bars + 8 * (2 + 2 * S + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (2 + 3 * S + s); };
+  auto tile_full = [&](int e) { return bars + 8 * (2 + 4 * S + e); };
+  auto tile_empty = [&](int e) { return bars + 8 * (4 + 4 * S + e); };
+  int* tile_ring = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (6 + 4 * S));
+  static_assert(8 * (8 + 4 * S) <= 256, "mbarriers and the tile ring fit in the 256 bytes kept for them");
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, kConsumerWarps);
     for (int s = 0; s < S; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
       mbar_init(k_empty(s), kConsumerWarps);
       mbar_init(v_empty(s), kConsumerWarps);
+    }
+    for (int e = 0; e < 2; ++e) {
+      mbar_init(tile_full(e), 1);
+      mbar_init(tile_empty(e), kConsumerWarps);
     }
     fence_barrier_init();
   }
@@ -89,284 +117,420 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- producer warpgroup
-    setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0 && nb_max > nb_min) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
       prefetch_tensormap(&tmap_q);
       prefetch_tensormap(&tmap_k);
       prefetch_tensormap(&tmap_v);
-      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-      tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(q_start) + m0, h, tma_batch);
-      int stage = 0;
+      int stage = 0, loaded = 0;
       uint32_t phase = 0;
-      for (int nb = nb_max - 1; nb >= nb_min; --nb) {
-        const int row = int(k_start) + nb * BN;
-        mbar_wait(k_empty(stage), phase ^ 1);
-        mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
-        tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, h_k, tma_batch);
-        mbar_wait(v_empty(stage), phase ^ 1);
-        mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
-        tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, h_k, tma_batch);
-        if (++stage == S) {
-          stage = 0;
-          phase ^= 1;
+      int tile = blockIdx.x;
+      for (int j = 0;; ++j) {
+        FwdBlock blk;
+        bool real = tile < num_tiles && tile_block(tile, blk);
+        if (dynamic) {
+          // Only the producer decides the sequence, so tiles past their (varlen) sequence's end,
+          // which have no rows to write, are skipped here instead of being handed on.
+          while (tile < num_tiles && !real) {
+            tile = int(gridDim.x) + atomicAdd(tile_counter, 1);
+            real = tile < num_tiles && tile_block(tile, blk);
+          }
+          mbar_wait(tile_empty(j & 1), ((j >> 1) & 1) ^ 1);
+          tile_ring[j & 1] = tile;
+          mbar_arrive(tile_full(j & 1));  // release: the consumers read the ring entry after it
+        }
+        if (tile >= num_tiles) break;
+        if (real && blk.nb_max > blk.nb_min) {
+          const int tma_batch = varlen ? 0 : blk.b;
+          for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
+            const int row = int(blk.k_start) + nb * BN;
+            mbar_wait(k_empty(stage), phase ^ 1);
+            mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
+            tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
+            if (nb == blk.nb_max - 1) {
+              // Q once the previous tile's consumers are past its last S = Q Kᵀ (after the first K,
+              // so that a free ring slot need not wait for that).
+              mbar_wait(q_empty, (loaded & 1) ^ 1);
+              mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+              tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
+              ++loaded;
+            }
+            mbar_wait(v_empty(stage), phase ^ 1);
+            mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
+            tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
+            if (++stage == S) {
+              stage = 0;
+              phase ^= 1;
+            }
+          }
+        }
+        // The next tile once this one's loads are issued (the producer runs ahead of the consumers
+        // by the ring's depth, which hides the atomic's latency; fetching earlier would keep it in
+        // a register all along). The static step saturates at num_tiles: with one block per tile,
+        // tile + gridDim.x would pass 2^31 for num_tiles above 2^30.
+        tile = dynamic ? int(gridDim.x) + atomicAdd(tile_counter, 1)
+                       : (tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x));
+      }
+      if (dynamic) {
+        // The last block to finish fetching re-zeroes the counter for the next launch on its slot.
+        __threadfence();
+        if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) {
+          __threadfence();
+          tile_counter[0] = 0;
+          tile_counter[1] = 0;
         }
       }
     }
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-
     // As in the sm80 kernel: softcap, ALiBi or a negative scale scale the scores first.
     const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
     const float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
-    const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
-
-    if (nb_max > nb_min) {
-      float s[BN / 2];
-      uint32_t pf[BN / 16][4];
-
-      // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
-      // every 4 steps to the next 64-column panel.
-      auto issue_qk = [&](int stage) {
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t qa = sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32;
-          const uint32_t ka = sK + stage * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32;
-          Wgmma<Elem, BN>::ss(s, make_desc(qa, 16, 1024), make_desc(ka, 16, 1024), kk > 0);
+    // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
+    // warpgroup's softmax runs while the other's GEMMs own the tensor cores. Named barrier 2 + w
+    // is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals. The turns
+    // run on across tiles (warpgroup 0 opens each tile's after warpgroup 1 closed the previous
+    // one's), so that neither warpgroup arrives twice on a barrier the other has not passed.
+    auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
+    auto your_turn = [&] { named_barrier_arrive(2 + (1 - cw), 256); };
+    if (cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
+    // The K/V ring's position and the Q tiles' count run on across this block's tiles, as the
+    // producer's do.
+    int stage = 0, loaded = 0;
+    uint32_t phase = 0;
+    int static_tile = blockIdx.x;
+    for (int j = 0;; ++j) {
+      int tile = static_tile;
+      static_tile = static_tile >= num_tiles - int(gridDim.x) ? num_tiles : static_tile + int(gridDim.x);
+      if (dynamic) {
+        // Lane 0 alone reads the entry and frees it: an mbarrier arrive releases only the
+        // arriving thread's own accesses, so the other lanes' reads would not be ordered before
+        // the producer's next write to it (racecheck reports exactly that); a shuffle hands it on.
+        mbar_wait(tile_full(j & 1), (j >> 1) & 1);
+        int entry = 0;
+        if (lane == 0) {
+          entry = tile_ring[j & 1];
+          mbar_arrive(tile_empty(j & 1));
         }
-        wgmma_commit();
-      };
-      // O += P V(stage): block_n / 16 k-steps of 16 key rows (2048 bytes) each; V is MN-major
-      // with its 64-column panels block_n · 128 bytes apart.
-      auto issue_pv = [&](int stage) {
-        wgmma_fence();
+        tile = __shfl_sync(0xffffffffu, entry, 0);
+      }
+      if (tile >= num_tiles) break;
+      FwdBlock blk;
+      if (!tile_block(tile, blk)) continue;
+      const int b = blk.b, h = blk.h, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
+      const int64_t q_start = blk.q_start, offset = blk.offset, last_row = blk.last_row;
+      const int nb_min = blk.nb_min, nb_max = blk.nb_max;
+      float o[D / 2];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          const uint32_t va = sV + stage * Cfg::kKVBytes + kk * 16 * 128;
-          Wgmma<Elem, D>::rs(o, pf[kk], make_desc(va, BN * 128, 1024), 1);
-        }
-        wgmma_commit();
-      };
-      auto fence_s = [&] {
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
-      };
-      // After the P V product completes: O is final for this tile, and P's registers (read by the
-      // tensor cores until now) may be reused.
-      auto fence_o = [&] {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
-      };
-      auto release = [&](uint32_t bar) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      };
-      // A varlen tile that crosses the sequence end holds the next sequence's V rows: zero them
-      // (both consumer warpgroups share the work, then meet on named barrier 1).
-      auto prepare_v = [&](int nb, int stage) {
-        const int valid = len_k - nb * BN;
-        if (!varlen || valid >= BN) return;
-        const int ctid = threadIdx.x - 128;
-        for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
-          const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
-          *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kKVBytes +
-                                    swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
-        }
-        fence_proxy_async();
-        named_barrier_sync(1, 128 * Cfg::kConsumerWarpgroups);
-      };
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
-      // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
-      // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
-      auto softmax = [&](int nb, float (&alpha)[2]) {
-        const int n0 = nb * BN;
-        const int64_t d_base = n0 + 2 * t - (m0 + row0 + offset);
-        if (modified) {
-          const float cap = p.softcap;
-          if (cap > 0.f) {
-            const float pre = p.softmax_scale / cap;
+      const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+
+      if (nb_max > nb_min) {
+        float s[BN / 2];
+        uint32_t pf[BN / 16][4];
+
+        // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
+        // every 4 steps to the next 64-column panel.
+        auto issue_qk = [&](int stage) {
+          wgmma_fence();
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) s[i] = cap * tanhf(s[i] * pre);
-          } else {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) s[i] *= p.softmax_scale;
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qa = sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32;
+            const uint32_t ka = sK + stage * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32;
+            Wgmma<Elem, BN>::ss(s, make_desc(qa, 16, 1024), make_desc(ka, 16, 1024), kk > 0);
           }
-          if (p.alibi_slopes != nullptr) {
-            const float base = float(d_base);
+          wgmma_commit();
+        };
+        // O += P V(stage): block_n / 16 k-steps of 16 key rows (2048 bytes) each; V is MN-major
+        // with its 64-column panels block_n · 128 bytes apart.
+        auto issue_pv = [&](int stage) {
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint32_t va = sV + stage * Cfg::kKVBytes + kk * 16 * 128;
+            Wgmma<Elem, D>::rs(o, pf[kk], make_desc(va, BN * 128, 1024), 1);
+          }
+          wgmma_commit();
+        };
+        auto fence_s = [&] {
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
+        };
+        // After the P V product completes: O is final for this tile, and P's registers (read by the
+        // tensor cores until now) may be reused.
+        auto fence_o = [&] {
+#pragma unroll
+          for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
+        };
+        auto release = [&](uint32_t bar) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar);
+        };
+        // A varlen tile that crosses the sequence end holds the next sequence's V rows: zero them
+        // (both consumer warpgroups share the work, then meet on named barrier 1).
+        auto prepare_v = [&](int nb, int stage) {
+          const int valid = len_k - nb * BN;
+          if (!varlen || valid >= BN) return;
+          const int ctid = threadIdx.x - 128;
+          for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
+            const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
+            *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kKVBytes +
+                                      swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          named_barrier_sync(1, 128 * Cfg::kConsumerWarpgroups);
+        };
+
+        // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
+        // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
+        auto softmax = [&](int nb, float (&alpha)[2]) {
+          const int n0 = nb * BN;
+          const int64_t d_base = n0 + 2 * t - (m0 + row0 + offset);
+          if (modified) {
+            const float cap = p.softcap;
+            if (cap > 0.f) {
+              const float pre = p.softmax_scale / cap;
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) s[i] = cap * tanhf(s[i] * pre);
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) s[i] *= p.softmax_scale;
+            }
+            if (p.alibi_slopes != nullptr) {
+              const float base = float(d_base);
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  const int k = j * 8 + (c % 2) - (c / 2) * 8;
+                  s[4 * j + c] -= slope * fabsf(base + float(k));
+                }
+            }
+          }
+          const bool need_mask = n0 + BN > len_k ||
+                                 (p.window_size_left >= 0 && n0 < last_row + offset - p.window_size_left) ||
+                                 (p.window_size_right >= 0 && n0 + BN - 1 > m0 + offset + p.window_size_right);
+          if (need_mask) {
+            // Visible iff col < len_k and −window_size_left <= col − row − offset <= window_size_right,
+            // as compares of k = (col − row − offset) − d_base, |k| < 2^8, against clamped bounds.
+            constexpr int64_t kClamp = 1 << 20;
+            auto clamp = [](int64_t x) { return int(x < -kClamp ? -kClamp : (x > kClamp ? kClamp : x)); };
+            const int k_end = clamp(len_k - n0 - 2 * t);
+            const int k_lo = p.window_size_left >= 0 ? clamp(-p.window_size_left - d_base) : -int(kClamp);
+            const int k_hi = p.window_size_right >= 0 ? clamp(p.window_size_right - d_base) : int(kClamp);
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
               for (int c = 0; c < 4; ++c) {
-                const int k = j * 8 + (c % 2) - (c / 2) * 8;
-                s[4 * j + c] -= slope * fabsf(base + float(k));
+                const int kc = j * 8 + (c % 2);
+                const int k = kc - (c / 2) * 8;
+                if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
               }
           }
-        }
-        const bool need_mask = n0 + BN > len_k ||
-                               (p.window_size_left >= 0 && n0 < last_row + offset - p.window_size_left) ||
-                               (p.window_size_right >= 0 && n0 + BN - 1 > m0 + offset + p.window_size_right);
-        if (need_mask) {
-          // Visible iff col < len_k and −window_size_left <= col − row − offset <= window_size_right,
-          // as compares of k = (col − row − offset) − d_base, |k| < 2^8, against clamped bounds.
-          constexpr int64_t kClamp = 1 << 20;
-          auto clamp = [](int64_t x) { return int(x < -kClamp ? -kClamp : (x > kClamp ? kClamp : x)); };
-          const int k_end = clamp(len_k - n0 - 2 * t);
-          const int k_lo = p.window_size_left >= 0 ? clamp(-p.window_size_left - d_base) : -int(kClamp);
-          const int k_hi = p.window_size_right >= 0 ? clamp(p.window_size_right - d_base) : int(kClamp);
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = row_max[hr];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int kc = j * 8 + (c % 2);
-              const int k = kc - (c / 2) * 8;
-              if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+            mx = quad_max(mx);
+            // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
+            // so exp2(−inf − base) = 0 instead of NaN.
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
+            row_max[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - base);
+              const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - base);
+              s[4 * j + 2 * hr] = p0;
+              s[4 * j + 2 * hr + 1] = p1;
+              sum += p0 + p1;
             }
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          float mx = row_max[hr];
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-          mx = quad_max(mx);
-          // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
-          // so exp2(−inf − base) = 0 instead of NaN.
-          const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-          alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
-          row_max[hr] = mx;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - base);
-            const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - base);
-            s[4 * j + 2 * hr] = p0;
-            s[4 * j + 2 * hr + 1] = p1;
-            sum += p0 + p1;
+            row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
           }
-          row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
-        }
-      };
-      // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
-      // accumulator and A-fragment layouts agree on rows, as for mma.sync).
-      auto pack_p = [&] {
+        };
+        // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
+        // accumulator and A-fragment layouts agree on rows, as for mma.sync).
+        auto pack_p = [&] {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
-          pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
-          pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
-          pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-      };
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
+            pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
+            pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
+            pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+          }
+        };
 
-      // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
-      // warpgroup's softmax runs while the other's GEMMs own the tensor cores. Named barrier
-      // 2 + w is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals.
-      auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
-      auto your_turn = [&] { named_barrier_arrive(2 + (1 - cw), 256); };
-      if (cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
-
-      mbar_wait(q_full, 0);
-      int stage = 0;
-      uint32_t phase = 0;
-      float alpha[2];
-      // First tile: S, softmax; O is still zero, so nothing to rescale.
-      mbar_wait(k_full(stage), phase);
-      my_turn();
-      issue_qk(stage);
-      your_turn();
-      wgmma_wait<0>();
-      fence_s();
-      release(k_empty(stage));
-      softmax(nb_max - 1, alpha);
-      pack_p();
-      // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
-      // turn-taking (both consumers meet on a barrier there).
-      mbar_wait(v_full(stage), phase);
-      prepare_v(nb_max - 1, stage);
-
-      for (int nb = nb_max - 2; nb >= nb_min; --nb) {
-        const int next = stage + 1 == S ? 0 : stage + 1;
-        const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
-        mbar_wait(k_full(next), next_phase);
+        mbar_wait(q_full, loaded & 1);
+        ++loaded;
+        float alpha[2];
+        // First tile: S, softmax; O is still zero, so nothing to rescale.
+        mbar_wait(k_full(stage), phase);
         my_turn();
-        issue_qk(next);
+        issue_qk(stage);
+        your_turn();
+        wgmma_wait<0>();
+        fence_s();
+        release(k_empty(stage));
+        softmax(nb_max - 1, alpha);
+        pack_p();
+        // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
+        // turn-taking (both consumers meet on a barrier there).
         mbar_wait(v_full(stage), phase);
+        prepare_v(nb_max - 1, stage);
+
+        for (int nb = nb_max - 2; nb >= nb_min; --nb) {
+          const int next = stage + 1 == S ? 0 : stage + 1;
+          const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+          mbar_wait(k_full(next), next_phase);
+          my_turn();
+          issue_qk(next);
+          mbar_wait(v_full(stage), phase);
+          issue_pv(stage);
+          your_turn();
+          wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
+          fence_s();
+          release(k_empty(next));
+          softmax(nb, alpha);
+          wgmma_wait<0>();
+          fence_o();
+          release(v_empty(stage));
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[4 * j + 0] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+          }
+          pack_p();
+          stage = next;
+          phase = next_phase;
+        }
+        // Every S = Q Kᵀ of the tile is complete: the producer may load the next tile's Q.
+        release(q_empty);
+        mbar_wait(v_full(stage), phase);
+        my_turn();
         issue_pv(stage);
         your_turn();
-        wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
-        fence_s();
-        release(k_empty(next));
-        softmax(nb, alpha);
         wgmma_wait<0>();
         fence_o();
         release(v_empty(stage));
+        stage = stage + 1 == S ? 0 : stage + 1;
+        if (stage == 0) phase ^= 1;
+      }
+
+      // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
+      // lse −inf. Each warp stages its own 16 rows in the same rows of sO (no other warp reads them;
+      // where sO is the Q tile, the other warpgroup's wgmmas read only its own rows) and stores
+      // 16-byte chunks; it reads them back before it stages the next tile's.
+      Storage* out_ptr = static_cast<Storage*>(p.out) + b * p.o_batch_stride + (q_start + m0) * p.o_row_stride +
+                         h * p.o_head_stride;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float l = quad_sum(row_sum[hr]);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = row0 + hr * 8;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-          o[4 * j + 0] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
+          const uint32_t packed = pack2<Elem>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+          *reinterpret_cast<uint32_t*>(smem_o + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
         }
-        pack_p();
-        stage = next;
-        phase = next_phase;
+        if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
+          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
+        }
       }
-      mbar_wait(v_full(stage), phase);
-      my_turn();
-      issue_pv(stage);
-      your_turn();
-      wgmma_wait<0>();
-      fence_o();
-      release(v_empty(stage));
-      if (cw == 0) my_turn();  // consumes warpgroup 1's last arrival
-    }
-
-    // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
-    // lse −inf. Each warp stages its own 16 rows in the same rows of the Q tile (no other warp
-    // reads them; the other warpgroup's wgmmas read only its own rows) and stores 16-byte chunks.
-    Storage* out_ptr = static_cast<Storage*>(p.out) + b * p.o_batch_stride + (q_start + m0) * p.o_row_stride +
-                       h * p.o_head_stride;
+      __syncwarp();
+      constexpr int kChunks = D / 8;
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float l = quad_sum(row_sum[hr]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int row = row0 + hr * 8;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const uint32_t packed = pack2<Elem>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-        *reinterpret_cast<uint32_t*>(smem + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
+      for (int it = 0; it < 16 * kChunks / 32; ++it) {
+        const int i = lane + it * 32;
+        const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
+        if (m0 + row < len_q && c * 8 < p.head_dim_v) {
+          const uint4 val = *reinterpret_cast<const uint4*>(smem_o + swizzled_chunk<BM>(row, c));
+          *reinterpret_cast<uint4*>(out_ptr + row * p.o_row_stride + c * 8) = val;
+        }
       }
-      if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
-        const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
-      }
+      __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
     }
-    __syncwarp();
-    constexpr int kChunks = D / 8;
-#pragma unroll
-    for (int it = 0; it < 16 * kChunks / 32; ++it) {
-      const int i = lane + it * 32;
-      const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
-      if (m0 + row < len_q && c * 8 < p.head_dim_v) {
-        const uint4 val = *reinterpret_cast<const uint4*>(smem + swizzled_chunk<BM>(row, c));
-        *reinterpret_cast<uint4*>(out_ptr + row * p.o_row_stride + c * 8) = val;
-      }
-    }
+    if (cw == 0) my_turn();  // consumes warpgroup 1's last arrival
   }
 #endif
+}
+
+// The zeroed pair of ints (next tile, finished blocks) of a dynamic persistent forward on this
+// stream: one pair per (device, stream), allocated and zeroed on the stream once (cudaMemsetAsync:
+// ordered before every kernel that uses it, since all of them run on that stream, one after the
+// other); each launch's last block re-zeroes it for the next. Launches on other streams have pairs
+// of their own, so no two kernels that may run at once share one. While the stream is being
+// captured, a pair is allocated, zeroed and freed with the launch (stream-ordered, so the graph
+// owns it and replays on any stream never share). nullptr when any of that fails (the caller then
+// launches one block per tile). A stream destroyed and another created at the same address reuse
+// the pair: by then the old stream's kernels have finished, unless it was destroyed with work
+// pending.
+struct FwdTileCounter {
+  int* ptr = nullptr;              // what the kernel gets
+  int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
+  cudaStream_t free_on = nullptr;
+  ~FwdTileCounter() {
+    if (launch_alloc != nullptr) cudaFreeAsync(launch_alloc, free_on);
+  }
+};
+
+inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, int*> pairs;
+  int device = 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  constexpr size_t kBytes = 2 * sizeof(int);
+  if (capture != cudaStreamCaptureStatusNone) {
+    int* ptr = nullptr;
+    if (cudaMallocAsync(&ptr, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    counter.launch_alloc = ptr;
+    counter.free_on = stream;
+    if (cudaMemsetAsync(ptr, 0, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    counter.ptr = ptr;
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  int*& ptr = pairs[{device, stream}];
+  if (ptr == nullptr) {
+    int* fresh = nullptr;
+    if (cudaMalloc(&fresh, kBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (cudaMemsetAsync(fresh, 0, kBytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaFree(fresh);
+      return;
+    }
+    ptr = fresh;
+  }
+  counter.ptr = ptr;
 }
 
 template <typename Elem, int kHeadDim>
@@ -383,8 +547,32 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
                                                p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  const dim3 grid((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, tq, tk, tv);
+  const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t num_tiles = int64_t(num_m_blocks) * p.num_heads * batch;
+  // Static tiles where every tile costs the same; under a causal mask, a window or varlen lengths a
+  // static round-robin would give some blocks several times the work of others (where gridDim.x is
+  // a multiple of the query blocks per head, block x gets the same query block of every head), so
+  // those take tiles from a counter (dynamic), or one block per tile when there is no counter.
+  const bool uniform = !varlen && p.window_size_left < 0 && p.window_size_right < 0;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  FwdTileCounter counter;
+  if (Cfg::kPersistent && !uniform) fwd_tile_counter(cuda_stream, counter);
+  const bool persistent = Cfg::kPersistent && (uniform || counter.ptr != nullptr);
+  int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
+  // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
+  // test shapes send each block through several tiles.
+  static const int64_t cap = [] {
+    const char* v = std::getenv("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
+    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
+  }();
+  if (persistent && cap > 0) blocks = std::min(blocks, cap);
+  // Tile indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
+  // the multiprocessors), and the static step saturates at num_tiles.
+  if (num_tiles + multiprocessor_count() > 0x7fffffff)
+    throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
+                " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
+                                                                                 int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -85,12 +85,13 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 query rows as
 // two consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing TMA, and kStages
-// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes (≤ 227 KB).
-// Registers per consumer thread (240 after setmaxnreg): S = block_n / 2, P = block_n / 4,
+// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes, plus an O
+// staging buffer of Q's size where that still fits in 227 KB (the persistent grid, kPersistent).
+// Registers per consumer thread (240 after setmaxnreg, 232 persistent): S = block_n / 2, P = block_n / 4,
 // O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
-//   hdim 64:  block_n 128, 3 stages: 112 KB; S 64 + P 32 + O 32 registers.
-//   hdim 128: block_n 128, 2 stages: 160 KB; S 64 + P 32 + O 64.
-//   hdim 256: block_n 64, 2 stages: 192 KB; S 32 + P 16 + O 128.
+//   hdim 64:  block_n 128, 3 stages: 128 KB with O; S 64 + P 32 + O 32 registers.
+//   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
+//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
 template <int kHeadDim_, int kBlockN_, int kStages_>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
@@ -99,8 +100,19 @@ struct FwdSm90Config {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
+  // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
+  // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
+  static constexpr int kOBytes = 2 * kQBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kQBytes : 0;
+  static constexpr bool kPersistent = kOBytes > 0;
+  // setmaxnreg split (sm90_utils.cuh; the kernel checks it against the 168 entry registers): a
+  // persistent producer carries its tile loop's state (tile, ring index, counts) and needs 32
+  // registers (with 24 it spilled one at head_dim 128); its consumers then get 232.
+  static constexpr int kProducerRegs = kPersistent ? 32 : 24;
+  static constexpr int kConsumerRegs = kPersistent ? 232 : 240;
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 256 + 1024;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes + 256 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
 template <int kHeadDim>

@@ -129,8 +129,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // Register split of the 384-thread warp-specialized kernels (one producer, two consumer
 // warpgroups). Launched under __launch_bounds__(384, 1) every thread starts with 168 registers;
 // setmaxnreg.inc blocks until the pool has the registers, so the producer must give back at least
-// what the consumers take: 128 · (168 − 24) = 256 · (240 − 168). (A 32-register producer left the
-// consumers waiting forever: a hang, seen on the H200.) scripts/gpu_check.sh build checks ptxas's
+// what the consumers take: 128 · (168 − 24) = 256 · (240 − 168). (A 32-register producer next to
+// 240-register consumers left them waiting forever: a hang, seen on the H200. The persistent forward
+// splits 32 / 232, which fits: fwd_traits.hpp.) scripts/gpu_check.sh build checks ptxas's
 // report of every sm90 kernel for exactly kEntryRegs registers.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240, kEntryRegs = 168;
 static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs),

@@ -34,6 +34,10 @@ std::vector<GpuCase> forward_cases() {
     auto add = [&](ProblemConfig c, GpuLayout l = GpuLayout::contiguous) { cases.push_back({c, l}); };
     add(base(dt, 2, 128, 128, 4, 4, 64));
     add(base(dt, 1, 1, 1, 1, 1, 64));
+    // More query tiles than an H200 has multiprocessors (132), so that the persistent grid's
+    // blocks go through several tiles (ragged last round, GQA, the next Q loaded during a tile).
+    add(base(dt, 1, 520, 130, 40, 8, 64));
+    add(base(dt, 2, 1000, 300, 12, 4, 128));
     add(base(dt, 1, 1, 1023, 2, 2, 128));
     add(base(dt, 1, 113, 203, 2, 2, 128));
     add(base(dt, 1, 1023, 1023, 2, 1, 128));
