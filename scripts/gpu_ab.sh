@@ -87,7 +87,7 @@ for side in "${sides[@]}"; do
     --shapes "${AB_SHAPES:-fa2paper_d64}" --dtypes bfloat16 --peers fa2 --flex-seqlens '' --rep-ms 40 \
     > "$OUT/bench_$side.log" 2>&1
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 60 python3 bench/gpu/kernel_times.py ${AB_KERNEL_ARGS:---seqlen 512} \
-    2>/dev/null | grep -A3 "== ours" > "$OUT/kernels_$side.log"
+    2>/dev/null | grep -A8 "== ours" > "$OUT/kernels_$side.log"
 done
 for side in "${sides[@]}"; do
   echo "== $side"
