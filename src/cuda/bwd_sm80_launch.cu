@@ -24,9 +24,12 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // The pre/postprocess give each (row, head) kTpr consecutive threads, one 16-byte chunk (8
-// elements) each per step: kTpr = head_dim bucket / 8, so a warp covers 32 / kTpr heads of one
-// row, which are adjacent in memory. (One warp per row left 24 of 32 lanes idle at head_dim 64,
-// and both kernels took twice FA-2's time: bench/gpu/kernel_times.py, perf-notes.)
+// elements) each per step: kTpr = head_dim bucket / 8, so each row of out / dout / dq is read or
+// written in whole lines. Consecutive row units are consecutive rows i of one head, so that the
+// 4-byte statistics (lse in, dsum and lse_log2 out, [batch, heads, rows]) and the dq accumulator's
+// rows are contiguous across a warp too; with heads fastest, each went to a sector of its own.
+// (One warp per row left 24 of 32 lanes idle at head_dim 64, and both kernels took twice FA-2's
+// time: bench/gpu/kernel_times.py, perf-notes.)
 template <int kTpr>
 struct RowUnit {
   bool active;  // inside [0, stat_rows) x [0, num_heads) of the grid
@@ -45,8 +48,8 @@ __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
   r.sub = threadIdx.x % kTpr;
   r.active = w < static_cast<int64_t>(p.stat_rows) * p.num_heads;
   if (!r.active) return r;
-  r.i = static_cast<int>(w / p.num_heads);
-  r.h = static_cast<int>(w % p.num_heads);
+  r.h = static_cast<int>(w / p.stat_rows);
+  r.i = static_cast<int>(w % p.stat_rows);
   int64_t start = 0;
   int len = p.seqlen_q;
   if (p.cu_seqlens_q != nullptr) {

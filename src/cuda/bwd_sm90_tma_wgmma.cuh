@@ -159,13 +159,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
 
     if (count > 0) {
-      mbar_wait(kv_full, 0);
-      if (varlen && len_k - n0 < BN) {
-        zero_rows(sK, BN, len_k - n0);
-        zero_rows(sV, BN, len_k - n0);
-        fence_proxy_async();
-        named_barrier_sync(1, 256);
-      }
       // The statistics of each query tile (lse·log2e and D, 64 each) come straight from the
       // workspace: thread tid of the warpgroup loads element tid of [lse | D] one tile ahead and
       // stores it into this warpgroup's double buffer before the iteration's named barrier, which
@@ -178,8 +171,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int64_t stat = (int64_t(b) * p.num_heads + head_of(t)) * p.stat_rows + m0_of(t);
         return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
       };
+      // The first tile's statistics are requested before the wait for K and V, so that the two
+      // latencies overlap instead of adding up at every block's start.
+      float first_stat[kStatPerThread];
 #pragma unroll
-      for (int x = 0; x < kStatPerThread; ++x) stats[tid + 128 * x] = load_stat(0, tid + 128 * x);
+      for (int x = 0; x < kStatPerThread; ++x) first_stat[x] = load_stat(0, tid + 128 * x);
+      mbar_wait(kv_full, 0);
+      if (varlen && len_k - n0 < BN) {
+        zero_rows(sK, BN, len_k - n0);
+        zero_rows(sV, BN, len_k - n0);
+        fence_proxy_async();
+        named_barrier_sync(1, 256);
+      }
+#pragma unroll
+      for (int x = 0; x < kStatPerThread; ++x) stats[tid + 128 * x] = first_stat[x];
       named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
@@ -376,9 +381,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
     }
-    // The last bulk reduce must finish reading shared memory before the block exits.
-    if (tid == 0) bulk_wait_read<0>();
-
     // Epilogue: dK = scale · dK and dV through shared memory, so that the global stores are whole
     // 16-byte chunks of a row (stores straight from the accumulators wrote 4 bytes per lane and
     // half of every 32-byte sector: ncu, perf-notes). Each consumer stages its 64 key rows in its
@@ -411,6 +413,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (c8 * 8 < p.head_dim_v)
         *reinterpret_cast<uint4*>(dv_ptr + row * p.dv_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sV + off));
     }
+    // The last bulk reduce (its sDQ only; the epilogue stages in sK / sV) must finish reading
+    // shared memory before the block exits: waited for here, after the stores, rather than before
+    // the epilogue, so that its latency hides under them.
+    if (tid == 0) bulk_wait_read<0>();
   }
 #endif
 }
