@@ -118,9 +118,14 @@ TEST_P(CudaBackward, MatchesReference) {
   EXPECT_TRUE(g.dv.all_written("dv"));
   const DenseResults& ref = pr.reference(Precision::f64, true);
   const DenseResults& naive = pr.reference(Precision::input, true);
-  if (!dq.empty()) EXPECT_TRUE(check_close("dq", dq, ref.dq, naive.dq, cfg.dtype));
-  if (!dk.empty()) EXPECT_TRUE(check_close("dk", dk, ref.dk, naive.dk, cfg.dtype));
-  if (!dv.empty()) EXPECT_TRUE(check_close("dv", dv, ref.dv, naive.dv, cfg.dtype));
+  // The floor scales with the largest gradient of the call, as in the CPU accuracy tests (see
+  // check_close): without it fp16_b1_sq1_sk3_h1k1_d8 failed for seed 5289238725301831211 on the
+  // H200 with every backward kernel alike (dq error 8.4e-4 against 7.8e-4 allowed at max|dq| 0.32,
+  // from dS = P (dP - D) rounded to fp16 over 3 keys, where the naive error happened to be small).
+  const double grad_magnitude = max_abs({&ref.dq, &ref.dk, &ref.dv});
+  if (!dq.empty()) EXPECT_TRUE(check_close("dq", dq, ref.dq, naive.dq, cfg.dtype, grad_magnitude));
+  if (!dk.empty()) EXPECT_TRUE(check_close("dk", dk, ref.dk, naive.dk, cfg.dtype, grad_magnitude));
+  if (!dv.empty()) EXPECT_TRUE(check_close("dv", dv, ref.dv, naive.dv, cfg.dtype, grad_magnitude));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward, ::testing::ValuesIn(backward_cases()),
