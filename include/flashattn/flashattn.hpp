@@ -28,7 +28,11 @@
 //   varlen:  q [total_q, num_heads, head_dim], k/v [total_k, num_heads_k, ...], out [total_q, ...],
 //            cu_seqlens_q / cu_seqlens_k int32 [batch + 1], lse [num_heads, total_q] float32
 //   dout, dq, dk, dv have the shapes of out, q, k, v.
-//   alibi_slopes float32 [num_heads] or [batch, num_heads].
+//   alibi_slopes float32 [num_heads] or [batch, num_heads], finite (checked for host slopes).
+// Every data pointer is aligned to its element size (the CUDA backend: 16 bytes for q, k, v, out and
+// the gradients). cu_seqlens end at the packed row count (checked on both backends, on CUDA by one
+// device-to-host copy per call, skipped under stream capture). Outputs share no element with an
+// input or with each other (packed dq/dk/dv views of one buffer are fine).
 // GQA/MQA: num_heads must be a multiple of num_heads_k; query head h reads KV head h / (num_heads / num_heads_k),
 // and dk/dv of a KV head are sums over its query heads.
 #pragma once

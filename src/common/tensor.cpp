@@ -1,4 +1,5 @@
 // DType helpers and TensorView construction (flashattn.hpp).
+#include <cstdint>
 #include <string>
 
 #include "flashattn/flashattn.hpp"
@@ -29,7 +30,11 @@ std::size_t dtype_size(DType dtype) {
 int64_t TensorView::numel() const {
   if (ndim <= 0) return 0;
   int64_t n = 1;
-  for (int32_t d = 0; d < ndim && d < 4; ++d) n *= shape[d];
+  for (int32_t d = 0; d < ndim && d < 4; ++d) {
+    // Saturates instead of overflowing (undefined behaviour): validate() refuses such shapes by
+    // name, and callers may ask before it ran.
+    if (__builtin_mul_overflow(n, shape[d], &n)) return INT64_MAX;
+  }
   return n;
 }
 
@@ -52,7 +57,11 @@ TensorView make_tensor(void* data, DType dtype, std::initializer_list<int64_t> s
   int64_t stride = 1;
   for (int32_t i = t.ndim - 1; i >= 0; --i) {
     t.stride[i] = stride;
-    stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+    if (i > 0 && __builtin_mul_overflow(stride, t.shape[i] > 0 ? t.shape[i] : 1, &stride)) {
+      std::string dims;
+      for (int64_t s : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(s);
+      throw Error("make_tensor: expected a shape whose contiguous strides fit in int64, got [" + dims + "]");
+    }
   }
   return t;
 }

@@ -119,6 +119,14 @@ void check_tensor(const char* name, const TensorView& t, int32_t expected_ndim, 
   if (numel > 0 && t.data == nullptr) {
     fail(std::string(name) + ": expected a data pointer for shape " + shape_str(t) + ", got nullptr");
   }
+  // Every backend loads whole elements (and the CUDA one wider vectors, checked there): a pointer
+  // off its element size is undefined behaviour on the CPU and a misaligned-address fault, which
+  // leaves the CUDA context unusable, on the GPU.
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  if (numel > 0 && address % dtype_size(t.dtype) != 0) {
+    fail(std::string(name) + ": expected a data pointer aligned to " + std::to_string(dtype_size(t.dtype)) +
+         " bytes (the " + dtype_name(t.dtype) + " element size), got address " + std::to_string(address));
+  }
 }
 
 void check_dtype(const char* name, const TensorView& t, DType expected, const char* why) {
@@ -221,12 +229,28 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
 // as interleaved views of one packed [batch, seqlen, 3, num_heads, head_dim] dqkv tensor: their
 // byte ranges overlap, their elements do not), and telling element overlap from byte overlap for
 // arbitrary strides is an integer program, so the check is the one that holds for every sane
-// packing: distinct outputs start at distinct addresses.
+// packing: distinct outputs start at distinct addresses, and neither inside the other's first row.
 void check_distinct_outputs(const char* name, const TensorView& t, const char* other_name, const TensorView& other) {
   if (!t.defined() || !other.defined() || t.numel() == 0 || other.numel() == 0) return;
   if (t.data == other.data) {
     fail(std::string(name) + ": expected memory disjoint from " + other_name +
          " (each output written once), got the same data pointer");
+  }
+  // Also refused: one output starting inside the other's first row (its last dimension is
+  // contiguous, so they share elements), e.g. dk = dq + 1 element. Rows of a packed buffer start
+  // whole rows apart.
+  auto starts_inside_first_row = [](const TensorView& a, const TensorView& b) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(a.data), start = reinterpret_cast<std::uintptr_t>(b.data);
+    const auto row_bytes = static_cast<std::uintptr_t>(a.shape[a.ndim - 1]) * dtype_size(a.dtype);
+    return start > lo && start - lo < row_bytes;
+  };
+  const bool t_in_other = starts_inside_first_row(other, t);
+  if (t_in_other || starts_inside_first_row(t, other)) {
+    const auto a = reinterpret_cast<std::uintptr_t>(t.data), b = reinterpret_cast<std::uintptr_t>(other.data);
+    fail(std::string(name) + ": expected memory disjoint from " + other_name +
+         " (each output written once), got a data pointer " + std::to_string(t_in_other ? a - b : b - a) +
+         " bytes " + (t_in_other ? "after " : "before ") + other_name + "'s, inside the first row of " +
+         (t_in_other ? std::string(other_name) : std::string(name)));
   }
 }
 
@@ -484,6 +508,22 @@ Params validate(const AttentionParams& a, Pass pass) {
     } else {
       check_dim("alibi_slopes", s, 0, "batch", batch, "from q");
       check_dim("alibi_slopes", s, 1, "num_heads", num_heads, "from q");
+    }
+    // A NaN or infinite slope makes every score of its head NaN. Host slopes are read here (the
+    // CUDA backend does not copy device slopes back for this: a synchronization per call).
+    if (s.device == Device::cpu) {
+      const float* slopes = static_cast<const float*>(s.data);
+      const int64_t rows = s.ndim == 2 ? s.shape[0] : 1, cols = s.shape[s.ndim - 1];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float x = slopes[r * (s.ndim == 2 ? s.stride[0] : 0) + c * s.stride[s.ndim - 1]];
+          if (!std::isfinite(x)) {
+            std::ostringstream got;
+            got << x;
+            fail("alibi_slopes: expected finite values, got " + got.str() + " at element " +
+                 (s.ndim == 2 ? "[" + std::to_string(r) + ", " + std::to_string(c) + "]" : "[" + std::to_string(c) + "]"));
+          }
+        }
     }
   }
 

@@ -210,8 +210,8 @@ struct SeqlenCheck {
   std::string error;
 };
 
-SeqlenCheck check_device_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t bound,
-                                    cudaStream_t stream) {
+SeqlenCheck check_device_cu_seqlens(const char* name, const int32_t* cu, int64_t batch, int64_t bound, int64_t total,
+                                    const char* total_what, cudaStream_t stream) {
   SeqlenCheck r;
   std::vector<int32_t> host(static_cast<size_t>(batch + 1));
   FA_CUDA_CHECK(cudaMemcpyAsync(host.data(), cu, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -233,6 +233,12 @@ SeqlenCheck check_device_cu_seqlens(const char* name, const int32_t* cu, int64_t
       return r;
     }
     r.max_len = std::max(r.max_len, len);
+  }
+  // As on the CPU: the sequences fill the packed rows exactly (a larger last element would send the
+  // kernels past the tensors' ends).
+  if (host[batch] != total) {
+    r.error = std::string(name) + ": expected last element = " + std::to_string(total) + " (" + total_what +
+              "), got " + std::to_string(host[batch]);
   }
   return r;
 }
@@ -258,9 +264,11 @@ Lengths varlen_lengths(const detail::Params& p) {
   if (!p.is_varlen) return l;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (stream_capturing(stream)) return l;
-  SeqlenCheck q = check_device_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, stream);
+  SeqlenCheck q = check_device_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, p.rows_q,
+                                          "total_q = q.shape[0]", stream);
   if (!q.error.empty()) return {0, 0, q.error};
-  SeqlenCheck k = check_device_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.seqlen_k, stream);
+  SeqlenCheck k = check_device_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.seqlen_k, p.rows_k,
+                                          "total_k = k.shape[0]", stream);
   if (!k.error.empty()) return {0, 0, k.error};
   return {q.max_len, k.max_len, ""};
 }

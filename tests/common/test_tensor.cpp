@@ -58,5 +58,24 @@ TEST(MakeTensor, RejectsBadShapes) {
   }
 }
 
+// Fixed bug: strides and numel() of shapes past int64 overflowed (undefined behaviour; the
+// strides wrapped to 0 in Release builds).
+TEST(MakeTensor, RejectsShapesPastInt64) {
+  float buf[1];
+  try {
+    make_tensor(buf, DType::f32, {2, int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40});
+    FAIL() << "expected flashattn::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("make_tensor: expected a shape whose contiguous strides fit in int64, got "
+                                         "[2, 1099511627776, 1099511627776, 1099511627776]"),
+              std::string::npos)
+        << e.what();
+  }
+  TensorView t = make_tensor(buf, DType::f32, {1});
+  t.ndim = 4;
+  t.shape[0] = t.shape[1] = t.shape[2] = t.shape[3] = int64_t{1} << 40;
+  EXPECT_EQ(t.numel(), INT64_MAX);  // saturated; validate() refuses it by name
+}
+
 }  // namespace
 }  // namespace flashattn

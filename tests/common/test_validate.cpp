@@ -266,6 +266,44 @@ const ErrorCase kCases[] = {
      "expected 0 (off) or a positive finite value with a finite reciprocal, got 1e-45"},
     {"SoftcapReciprocalOverflows", Pass::backward, false, [](AttentionParams& a) { a.softcap = 2e-39f; }, "softcap",
      "finite reciprocal, got 2e-39"},
+    // Fixed bugs: pointers off their element size reached the kernels (UBSan: misaligned loads and
+    // stores on the CPU; a misaligned-address fault on the GPU).
+    // Fixed bug: a NaN or infinite slope gave NaN outputs with a success status.
+    {"AlibiNaN", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[4] = {0.5f, NAN, 0.25f, 0.125f};
+       a.alibi_slopes = make_tensor(slopes, DType::f32, {4});
+     },
+     "alibi_slopes", "expected finite values, got nan at element [1]"},
+    {"AlibiInfBatch", Pass::backward, false,
+     [](AttentionParams& a) {
+       static float slopes[8] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, -INFINITY, 0.5f};
+       a.alibi_slopes = make_tensor(slopes, DType::f32, {2, 4});
+     },
+     "alibi_slopes", "got -inf at element [1, 2]"},
+    {"MisalignedQ", Pass::forward, false, [](AttentionParams& a) { a.q.data = static_cast<char*>(a.q.data) + 2; },
+     "q", "data pointer aligned to 4 bytes (the fp32 element size), got address"},
+    {"MisalignedLse", Pass::forward, false,
+     [](AttentionParams& a) { a.lse.data = static_cast<char*>(a.lse.data) + 2; }, "lse", "aligned to 4 bytes"},
+    {"MisalignedDk", Pass::backward, false,
+     [](AttentionParams& a) { a.dk.data = static_cast<char*>(a.dk.data) + 1; }, "dk", "aligned to 4 bytes"},
+    {"MisalignedCuSeqlens", Pass::forward, true,
+     [](AttentionParams& a) { a.cu_seqlens_k.data = static_cast<char*>(a.cu_seqlens_k.data) + 2; }, "cu_seqlens_k",
+     "aligned to 4 bytes (the int32 element size)"},
+    {"MisalignedAlibi", Pass::forward, false,
+     [](AttentionParams& a) {
+       static float slopes[5];
+       a.alibi_slopes = make_tensor(reinterpret_cast<char*>(slopes) + 2, DType::f32, {4});
+     },
+     "alibi_slopes", "aligned to 4 bytes"},
+    // Fixed bug: only equal start pointers were refused, so dk one element after dq was accepted
+    // and both were written over each other.
+    {"DkInsideDqFirstRow", Pass::backward, false,
+     [](AttentionParams& a) { a.dk.data = static_cast<float*>(a.dq.data) + 1; }, "dk",
+     "disjoint from dq (each output written once), got a data pointer 4 bytes after dq's, inside the first row of dq"},
+    {"DqInsideDvFirstRow", Pass::backward, false,
+     [](AttentionParams& a) { a.dq.data = static_cast<float*>(a.dv.data) + 5; }, "dv",
+     "got a data pointer 20 bytes before dq's, inside the first row of dv"},
     {"NumThreads", Pass::forward, false, [](AttentionParams& a) { a.num_threads = -1; }, "num_threads",
      ">= 0 (0 = all hardware threads), got -1"},
     {"AlibiShape", Pass::forward, false,

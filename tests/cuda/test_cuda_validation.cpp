@@ -129,6 +129,21 @@ TEST(CudaValidation, DecreasingCuSeqlens) {
                  "cu_seqlens_q: expected non-decreasing values");
 }
 
+// Fixed bug: every length within the bound, but the last element past the packed rows sent the
+// kernels past the ends of q, k, v, out and lse (the CPU backend refused it already).
+TEST(CudaValidation, CuSeqlensPastThePackedRows) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = small();
+  c.lens_q = {10, 20};
+  c.lens_k = {10, 20};
+  expect_refused(c, [](AttentionParams&, GpuProblem& g) { g.cu_q.set({0, 10, 40}); },
+                 "cu_seqlens_q: expected last element = 30 (total_q = q.shape[0]), got 40");
+  expect_refused(c, [](AttentionParams&, GpuProblem& g) { g.cu_k.set({0, 10, 29}); },
+                 "cu_seqlens_k: expected last element = 30 (total_k = k.shape[0]), got 29");
+  expect_refused(c, [](AttentionParams&, GpuProblem& g) { g.cu_q.set({0, 10, 40}); },
+                 "cu_seqlens_q: expected last element = 30", Pass::backward);
+}
+
 TEST(CudaValidation, CuSeqlensLongerThanHint) {
   FLASHATTN_REQUIRE_GPU();
   ProblemConfig c = small();

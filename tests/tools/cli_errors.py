@@ -179,6 +179,13 @@ def main():
         expect_error("bad --causal-align", base + ["--out", o("o.npy"), "--causal-align", "sideways"],
                      "causal-align", out_dir)
         expect_error("negative softcap", base + ["--out", o("o.npy"), "--softcap", "-1"], "softcap", out_dir)
+        # Fixed bug: values that round to 0 in float32 silently meant "default scale" / "softcap off".
+        expect_error("--scale below float32", base + ["--out", o("o.npy"), "--scale", "1e-50"],
+                     "--scale: expected 0 or a finite value of float32's normal range", out_dir)
+        expect_error("--scale denormal", base + ["--out", o("o.npy"), "--scale", "1e-40"], "--scale", out_dir)
+        expect_error("--softcap below float32", base + ["--out", o("o.npy"), "--softcap", "1e-50"], "--softcap",
+                     out_dir)
+        expect_error("--scale above float32", base + ["--out", o("o.npy"), "--scale", "1e39"], "--scale", out_dir)
         expect_error("unknown option", base + ["--out", o("o.npy"), "--bogus"], "bogus", out_dir)
         expect_error("missing --out", base, "--out", out_dir)
         expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)

@@ -4,6 +4,7 @@
 // memory is allocated, the call is validated before anything runs, and every output file is written
 // to a temporary and renamed only once all are written, so that a bad call writes nothing.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -28,7 +29,7 @@ struct RunArgs {
   bool causal = false;
   std::string causal_align = "bottom-right";
   std::string window;
-  float softcap = 0.0f, scale = 0.0f;
+  double softcap = 0.0, scale = 0.0;  // parsed wide: a value that rounds to 0 in float32 is refused, not "off"
   std::string device = "auto";
   int threads = 0;
   bool deterministic = false, check = false;
@@ -115,13 +116,26 @@ bool same_file(const std::string& a, const std::string& b) {
   return fs::equivalent(a, b, ec) && !ec;
 }
 
+// A float option given as a double: 0 stays 0 (the option's default meaning); anything else must
+// be a finite, normal float32, or it would silently become 0 (1e-50) or inf (1e39).
+float float32_option(const char* option, double value) {
+  const float f = static_cast<float>(value);
+  if (value != 0.0 && !(std::isfinite(value) && std::isnormal(f))) {
+    char got[64];
+    std::snprintf(got, sizeof got, "%g", value);
+    throw Error(std::string(option) + ": expected 0 or a finite value of float32's normal range (" +
+                "1.2e-38 to 3.4e38 in magnitude), got " + got);
+  }
+  return f;
+}
+
 int run(const RunArgs& a) {
   CallOptions o;
   o.causal = a.causal;
   o.causal_align = a.causal_align == "top-left" ? CausalAlign::top_left : CausalAlign::bottom_right;
   if (!a.window.empty()) std::tie(o.window_size_left, o.window_size_right) = parse_window(a.window);
-  o.softcap = a.softcap;
-  o.softmax_scale = a.scale;
+  o.softcap = float32_option("--softcap", a.softcap);
+  o.softmax_scale = float32_option("--scale", a.scale);
   o.deterministic = a.deterministic;
   o.num_threads = a.threads;
   Device device = resolve_device(a.device);
@@ -218,17 +232,18 @@ int run(const RunArgs& a) {
 
   allocate_outputs(t, backward);  // checks first the shape rules that bound the outputs' size
   if (a.device == "auto" && device == Device::cuda) {
-    // auto means "the GPU when it can run this call": ask plan() with the views marked as device
-    // tensors (plan never dereferences them), and fall back to the CPU with the reason.
-    AttentionParams probe = make_params(t, o);
-    for (TensorView* v : {&probe.q, &probe.k, &probe.v, &probe.out, &probe.lse, &probe.dout, &probe.dq, &probe.dk,
-                          &probe.dv, &probe.cu_seqlens_q, &probe.cu_seqlens_k, &probe.alibi_slopes}) {
-      if (v->defined()) v->device = Device::cuda;
+    // auto means "the GPU when it can run this call": ask the CUDA backend's plan() on the
+    // uploaded tensors, and fall back to the CPU with the reason. (A probe of the host buffers
+    // marked as device tensors was always refused: the backend checks what the pointers are.)
+    std::string reason;
+    {
+      const Runner probe(t, o, Device::cuda);
+      Plan pl = probe.plan(Pass::forward);
+      if (pl.ok && backward) pl = probe.plan(Pass::backward);
+      if (!pl.ok) reason = pl.reason;
     }
-    Plan pl = plan(probe, Pass::forward);
-    if (pl.ok && backward) pl = plan(probe, Pass::backward);
-    if (!pl.ok) {
-      std::fprintf(stderr, "flashattn: note: --device auto runs this call on the CPU: %s\n", pl.reason.c_str());
+    if (!reason.empty()) {
+      std::fprintf(stderr, "flashattn: note: --device auto runs this call on the CPU: %s\n", reason.c_str());
       device = Device::cpu;
     }
   }
