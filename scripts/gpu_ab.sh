@@ -16,6 +16,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
+case $mode in
+  build | run) ;;
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_ab: unknown mode '$mode': expected build REV... or run (--help)" >&2; exit 2 ;;
+esac
 
 if [ "$mode" = build ]; then
   set -e

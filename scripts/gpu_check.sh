@@ -37,6 +37,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 DIST=build-gpu/dist
+case $mode in
+  build | pack-minilm | run) ;;
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_check: unknown mode '$mode': expected build, pack-minilm or run (--help)" >&2; exit 2 ;;
+esac
 
 if [ "$mode" = build ]; then
   set -e
@@ -98,6 +103,17 @@ fi
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 what=${2:-tests,sanitize,bench}
+for step in ${what//,/ }; do
+  case $step in
+    tests | sanitize | python | install | minilm | bench | quickbench) ;;
+    *) echo "gpu_check: unknown step '$step': expected a comma-separated list of tests, sanitize, python, install, minilm, bench, quickbench" >&2
+       exit 2 ;;
+  esac
+done
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_check: run expected an NVIDIA GPU (nvidia-smi found none): build here, run on the GPU machine" >&2
+  exit 1
+fi
 export LD_LIBRARY_PATH="$PWD/$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 summary=()
 # The device tool returns a limited number of files: tests.log, tests_sm80.log, sanitize.log,
@@ -225,3 +241,8 @@ echo
 [ -f "$OUT/bench.md" ] && tail -n +3 "$OUT/bench.md"
 echo
 printf '%s\n' "${summary[@]}"
+# Non-zero when any step did not succeed (its rc, or failed tests / sanitizer errors in its line).
+if printf '%s\n' "${summary[@]}" | grep -qE 'rc=[1-9]| [1-9][0-9]* failed'; then
+  echo "gpu_check: FAILED (see the lines above and the logs in $OUT)"
+  exit 1
+fi

@@ -1,7 +1,8 @@
 /* flashattn C API: the same calls as include/flashattn/flashattn.hpp for other languages (the
  * Python package binds it with ctypes). See flashattn.hpp for the math, masks and layouts.
  *
- * fa_forward and fa_backward return 0 (FA_STATUS_OK) on success and a non-zero FA_STATUS_* on error;
+ * fa_forward and fa_backward return 0 (FA_STATUS_OK) on success and a non-zero FA_STATUS_* on error
+ * (FA_STATUS_INVALID_ARGUMENT for bad input, FA_STATUS_CUDA when the CUDA runtime failed);
  * fa_plan returns 1 when the call can run and 0 otherwise. After a failure fa_last_error() gives the
  * message (naming the argument, what was expected and what came), valid until the next
  * call on the same thread. No C++ exception crosses this boundary. */
@@ -17,7 +18,8 @@ extern "C" {
 enum { FA_DTYPE_F32 = 0, FA_DTYPE_F16 = 1, FA_DTYPE_BF16 = 2, FA_DTYPE_I32 = 3 };
 enum { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 };
 enum { FA_ALIGN_BOTTOM_RIGHT = 0, FA_ALIGN_TOP_LEFT = 1 };
-enum { FA_STATUS_OK = 0, FA_STATUS_INVALID_ARGUMENT = 1, FA_STATUS_INTERNAL = 2 };
+/* FA_STATUS_CUDA: a CUDA runtime call failed (the message carries CUDA's error name and text). */
+enum { FA_STATUS_OK = 0, FA_STATUS_INVALID_ARGUMENT = 1, FA_STATUS_INTERNAL = 2, FA_STATUS_CUDA = 3 };
 
 /* A strided tensor view; ndim == 0 (or data == NULL with ndim == 0) means "not given".
  * Strides are in elements; the last dimension must be contiguous. */

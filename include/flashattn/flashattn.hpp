@@ -52,6 +52,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A CUDA runtime call failed (an illegal address, out of memory, a launch error, ...): what() gives
+/// the call, CUDA's error name and its message. The C API returns FA_STATUS_CUDA for it.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
 enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 };
 enum class Device : int32_t { cpu = 0, cuda = 1 };
 enum class CausalAlign : int32_t { bottom_right = 0, top_left = 1 };
@@ -115,7 +122,9 @@ enum class Pass : int32_t { forward = 0, backward = 1 };
 Plan plan(const AttentionParams& params, Pass pass);
 
 /// Forward pass: writes out (and lse when defined). Throws flashattn::Error on bad input; on error
-/// nothing is written to the outputs. CUDA calls are asynchronous on params.stream.
+/// nothing is written to the outputs. CUDA calls are asynchronous on params.stream, except that a
+/// varlen call first reads cu_seqlens back with one synchronizing copy (not under stream capture);
+/// a kernel fault surfaces as flashattn::CudaError from a later call, as with any CUDA work.
 void forward(const AttentionParams& params);
 
 /// Backward pass: writes dq, dk, dv. lse must be the forward's. Throws flashattn::Error.

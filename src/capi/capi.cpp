@@ -95,6 +95,9 @@ int guarded(F&& f) {
     f();
     g_last_error.clear();
     return FA_STATUS_OK;
+  } catch (const flashattn::CudaError& e) {
+    g_last_error = e.what();
+    return FA_STATUS_CUDA;
   } catch (const flashattn::Error& e) {
     g_last_error = e.what();
     return FA_STATUS_INVALID_ARGUMENT;

@@ -150,7 +150,7 @@ void dispatch_dtype(DType dtype, F&& f) {
   } else if (dtype == DType::bf16) {
     f(BF16{});
   } else {
-    throw Error(std::string("q: expected dtype f16 or bf16 for the CUDA backward, got ") + dtype_name(dtype));
+    throw Error(std::string("q: expected dtype fp16 or bf16 for the CUDA backward, got ") + dtype_name(dtype));
   }
 }
 
@@ -231,9 +231,22 @@ int bwd_block_rows(const detail::Params& p, bool use_sm90) {
   return rows;
 }
 
+// Whether launch_bwd_sm90 was instantiated for Elem (FLASHATTN_CUDA_DTYPES may leave one out).
+template <typename Elem>
+constexpr bool bwd_sm90_built() {
+#if defined(FLASHATTN_CUDA_BWD_SM90_F16)
+  if constexpr (std::is_same_v<Elem, F16>) return true;
+#endif
+#if defined(FLASHATTN_CUDA_BWD_SM90_BF16)
+  if constexpr (std::is_same_v<Elem, BF16>) return true;
+#endif
+  return false;
+}
+
 bool bwd_sm90_covers(const detail::Params& p) {
 #ifdef FLASHATTN_CUDA_BWD_SM90
-  return !p.deterministic && bwd_sm80_head_dim_bucket(p) <= 128;
+  const bool built = p.dtype == DType::f16 ? bwd_sm90_built<F16>() : p.dtype == DType::bf16 && bwd_sm90_built<BF16>();
+  return built && !p.deterministic && bwd_sm80_head_dim_bucket(p) <= 128;
 #else
   (void)p;
   return false;
@@ -279,7 +292,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       if (bp.seqlen_k > 0) {
         bool launched = false;
 #ifdef FLASHATTN_CUDA_BWD_SM90
-        if constexpr (kHeadDim <= 128) {
+        if constexpr (kHeadDim <= 128 && bwd_sm90_built<Elem>()) {
           if (use_sm90) {
             launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
             launched = true;

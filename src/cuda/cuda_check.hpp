@@ -14,7 +14,7 @@
 namespace flashattn::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  throw Error(std::string("cuda: ") + what + " failed: " + cudaGetErrorName(err) + ": " +
+  throw CudaError(std::string("cuda: ") + what + " failed: " + cudaGetErrorName(err) + ": " +
               cudaGetErrorString(err) + " (" + file + ":" + std::to_string(line) + ")");
 }
 
