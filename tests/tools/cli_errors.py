@@ -243,6 +243,9 @@ def main():
             print("ok   non-UTF-8 header escaped                %s" % r.stderr.decode().strip())
         expect_error("unknown command", ["frobnicate"], "frobnicate", out_dir)
         expect_error("bench bad dtype", ["bench", "--dtype", "f64", "--seqlen", "16"], "--dtype", out_dir)
+        # Fixed bug: an unwritable --json failed only after the whole sweep had run.
+        expect_error("bench --json unwritable", ["bench", "--json", os.path.join(out_dir, "no", "such", "b.json")],
+                     "--json: cannot write", out_dir)
         expect_error("check bad device", ["check", "--device", "tpu"], "device", out_dir)
 
         # Good calls: npy in, npy out with --check; safetensors in, one safetensors file out.

@@ -16,6 +16,7 @@
 
 #include "commands/commands.hpp"
 #include "commands/common.hpp"
+#include "io/host_tensor.hpp"
 
 namespace flashattn::cli {
 
@@ -98,6 +99,14 @@ Measurement measure(Fn&& call, int repeats, double max_seconds) {
 
 int bench(const BenchArgs& a) {
   const Device device = resolve_device(a.device);
+  if (!a.json.empty()) {
+    // Before the sweep, not after minutes of it.
+    try {
+      io::check_writable(a.json);
+    } catch (const Error& e) {
+      throw Error(std::string("--json: ") + e.what());
+    }
+  }
   std::vector<DType> dtypes;
   for (const std::string& s : a.dtypes) dtypes.push_back(parse_dtype(s));
   const std::vector<bool> causals = parse_causal(a.causal);

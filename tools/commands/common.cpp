@@ -332,7 +332,7 @@ Device resolve_device(const std::string& name) {
   if (name == "auto") return cuda_available() ? Device::cuda : Device::cpu;
   if (name == "cuda") {
 #if FLASHATTN_WITH_CUDA
-    if (!cuda_available()) throw Error("--device cuda: no CUDA device is available");
+    if (!cuda_available()) throw Error("--device cuda: expected a CUDA device, got none (cudaGetDeviceCount found no usable GPU; --device auto falls back to the CPU)");
     return Device::cuda;
 #else
     throw Error("--device cuda: this build has no CUDA backend (configure with -DFLASHATTN_CUDA=ON)");
