@@ -20,6 +20,10 @@
 // with offset = seqlen_k − seqlen_q for CausalAlign::bottom_right (FlashAttention ≥ 2.1) and
 // offset = 0 for CausalAlign::top_left (PyTorch's is_causal). causal = true is window_size_right = 0.
 // A query row that sees no key gets out = 0 and lse = −inf; its gradients are 0.
+// Range: the scores are computed in float32, so softmax_scale · q·k and the ALiBi terms must stay
+// below float32's 3.4e38 in magnitude; beyond it (e.g. softmax_scale = 1e38) the rows that overflow
+// come out NaN, as in FlashAttention and PyTorch SDPA. Nothing checks it (the scores are not known
+// before they are computed); validate() refuses non-finite scales, softcaps and host ALiBi slopes.
 //
 // Layouts (strides in elements, the last dimension contiguous):
 //   batched: q [batch, seqlen_q, num_heads, head_dim]      k [batch, seqlen_k, num_heads_k, head_dim]
