@@ -236,11 +236,13 @@ int run(const RunArgs& a) {
     // uploaded tensors, and fall back to the CPU with the reason. (A probe of the host buffers
     // marked as device tensors was always refused: the backend checks what the pointers are.)
     std::string reason;
-    {
+    try {
       const Runner probe(t, o, Device::cuda);
       Plan pl = probe.plan(Pass::forward);
       if (pl.ok && backward) pl = probe.plan(Pass::backward);
       if (!pl.ok) reason = pl.reason;
+    } catch (const Error& e) {  // e.g. the upload ran out of device memory
+      reason = e.what();
     }
     if (!reason.empty()) {
       std::fprintf(stderr, "flashattn: note: --device auto runs this call on the CPU: %s\n", reason.c_str());
