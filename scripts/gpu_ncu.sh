@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of our kernels on the GPU machine, in one device call (issue 4's "what each
+# remaining gap is made of, measured").
+#
+#   scripts/gpu_ncu.sh [NAME:KERNEL_REGEX:KERNEL_TIMES_ARGS]...
+#
+# For each profile: bench/gpu/kernel_times.py runs one forward + backward of the shape given by
+# KERNEL_TIMES_ARGS (its flags, spaces as commas) on build-gpu/dist's library, and ncu profiles the
+# third launch of the kernel whose name matches KERNEL_REGEX with the full section set (clocks at
+# base, as ncu locks them). $OUT gets NAME.ncu-rep (open it in Nsight Compute) and NAME.txt (the
+# details page: speed of light, memory, scheduler and warp-state statistics with the top stall
+# reasons, occupancy, launch), and a short table of each profile's headline metrics is printed last.
+# Default: the head_dim 128 backward and forward at bf16 batch 8, seqlen 2048, 16 heads (the
+# largest gap to cuDNN in BENCHMARKS.md), and the head_dim 64 backward at batch 32, seqlen 512,
+# causal.
+# Carry build-gpu/dist (scripts/gpu_check.sh build).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case ${1:-} in
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_ncu: expected an NVIDIA GPU (nvidia-smi found none): run it on the GPU machine" >&2
+  exit 1
+fi
+command -v ncu > /dev/null || { echo "gpu_ncu: expected ncu on PATH, got none" >&2; exit 1; }
+OUT=${OUT:-$PWD/gpu-ncu-out}
+mkdir -p "$OUT"
+DIST=$PWD/build-gpu/dist
+export LD_LIBRARY_PATH="$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+profiles=("$@")
+if [ ${#profiles[@]} -eq 0 ]; then
+  profiles=("bwd_d128_s2048:bwd_sm90_kernel:--batch,8,--seqlen,2048,--heads,16,--head-dim,128"
+            "fwd_d128_s2048:fwd_sm90_kernel:--batch,8,--seqlen,2048,--heads,16,--head-dim,128"
+            "bwd_d64_s512_causal:bwd_sm90_kernel:--batch,32,--seqlen,512,--heads,32,--head-dim,64,--causal")
+fi
+summary=()
+for prof in "${profiles[@]}"; do
+  IFS=: read -r name regex args <<< "$prof"
+  if [ -z "$name" ] || [ -z "$regex" ]; then
+    echo "gpu_ncu: expected NAME:KERNEL_REGEX:KERNEL_TIMES_ARGS, got '$prof'" >&2
+    exit 2
+  fi
+  start=$(date +%s)
+  FLASHATTN_LIBRARY=$DIST/libflashattn.so PYTHONPATH=$PWD/python timeout 300 \
+    ncu --target-processes all -k "regex:$regex" --launch-skip 2 --launch-count 1 --set full \
+    -f -o "$OUT/$name" python3 bench/gpu/kernel_times.py --iters 3 ${args//,/ } > "$OUT/$name.log" 2>&1
+  rc=$?
+  ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+  pick() { grep -m1 -E "^ +$1 " "$OUT/$name.txt" | awk '{print $NF}'; }
+  summary+=("$(printf '%-22s rc=%s %4s s  duration %s  SM %s %%  memory %s %%  issue busy %s %%  warps/sched eligible %s' \
+    "$name" "$rc" "$(( $(date +%s) - start ))" "$(pick Duration)" "$(pick 'Compute \(SM\) Throughput')" \
+    "$(pick 'Memory Throughput')" "$(pick 'Issue Slots Busy')" "$(pick 'Eligible Warps Per Scheduler')")")
+done
+printf '%s\n' "${summary[@]}"
