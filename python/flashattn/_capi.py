@@ -122,7 +122,12 @@ def _load() -> ctypes.CDLL:
             "to a libflashattn.so built with -DBUILD_SHARED_LIBS=ON"
         )
     # CDLL (not PyDLL) releases the GIL during each call, so CPU kernels don't block other threads.
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        source = "FLASHATTN_LIBRARY" if os.environ.get("FLASHATTN_LIBRARY") else "the installed package"
+        raise ImportError(f"flashattn: expected a loadable libflashattn.so at {path} (from {source}), "
+                          f"got a file the dynamic loader refuses: {e}") from None
     params_p = ctypes.POINTER(FaParams)
     lib.fa_params_init.argtypes = [params_p]
     lib.fa_params_init.restype = None

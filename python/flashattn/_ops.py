@@ -120,6 +120,9 @@ def as_int(name: str, value) -> int:
 def as_float(name: str, value) -> float:
     """value as a Python float (any real number); None, strings or tensors of more than one
     element raise, naming the argument."""
+    # float() parses strings ("1" -> 1.0): a string option is a caller's mistake, not a number.
+    if isinstance(value, (str, bytes, bytearray)):
+        raise FlashAttnError(f"{name}: expected a real number, got {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):
@@ -142,7 +145,7 @@ def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, cau
             raise FlashAttnError(f"{name}: expected a value in the int64 range [-2^63, 2^63 - 1], got {value}")
     ints = [sizes["max_seqlen_q"], sizes["max_seqlen_k"], int(bool(causal)), _ALIGN_CODES[causal_align],
             sizes["window_size[0] (left)"], sizes["window_size[1] (right)"], int(bool(deterministic))]
-    return ints, [float(softmax_scale), float(softcap)]
+    return ints, [as_float("softmax_scale", softmax_scale), as_float("softcap", softcap)]
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:

@@ -64,6 +64,20 @@ def test_library_rejects_bad_tensors(make, match):
         flash_attn_func(q, k, v)
 
 
+def test_an_unloadable_library_is_an_import_error_naming_its_path(tmp_path):
+    # Fixed bug: a FLASHATTN_LIBRARY that is not a shared library gave the loader's bare OSError.
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "libflashattn.so"
+    bad.write_text("not a library")
+    env = dict(os.environ, FLASHATTN_LIBRARY=str(bad))
+    code = "import flashattn._capi as c\ntry:\n    c.lib()\nexcept ImportError as e:\n    print(e)\n"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert f"expected a loadable libflashattn.so at {bad} (from FLASHATTN_LIBRARY)" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_shared_library_exports_the_c_api_only():
     # python/exports.map: a C++ symbol of the core (flashattn::forward) must not be visible, so that
     # nothing of the library (nor of a C++ runtime linked into it) mixes with other copies in the process.
@@ -266,6 +280,9 @@ def test_meta_inputs_give_meta_outputs_and_mixed_devices_are_refused():
     (dict(window_size=(1.7, 0)), r"window_size\[0\] \(left\): expected an integer, got 1.7"),
     (dict(window_size=(float("nan"), 0)), r"window_size\[0\] \(left\): expected an integer"),
     (dict(softcap=None), "softcap: expected a real number, got None"),
+    # Fixed bug: float() parsed strings, so softcap="1" ran with a softcap of 1.
+    (dict(softcap="1"), "softcap: expected a real number, got '1'"),
+    (dict(softmax_scale="0.5"), "softmax_scale: expected a real number, got '0.5'"),
     (dict(softmax_scale=[0.1]), "softmax_scale: expected a real number"),
     (dict(alibi_slopes=[1.0, 1.0]), "alibi_slopes: expected a torch.Tensor, got list"),
 ])
