@@ -72,7 +72,10 @@ def test_an_unloadable_library_is_an_import_error_naming_its_path(tmp_path):
 
     bad = tmp_path / "libflashattn.so"
     bad.write_text("not a library")
-    env = dict(os.environ, FLASHATTN_LIBRARY=str(bad))
+    # The subprocess imports the package this process runs (the checkout's or the installed one).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(flashattn.__file__)))
+    env = dict(os.environ, FLASHATTN_LIBRARY=str(bad),
+               PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     code = "import flashattn._capi as c\ntry:\n    c.lib()\nexcept ImportError as e:\n    print(e)\n"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert f"expected a loadable libflashattn.so at {bad} (from FLASHATTN_LIBRARY)" in r.stdout, r.stdout + r.stderr
