@@ -171,11 +171,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int64_t stat = (int64_t(b) * p.num_heads + head_of(t)) * p.stat_rows + m0_of(t);
         return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
       };
+      // This thread's elements of tile t's [lse | D] into registers (0 past the last tile), and
+      // from there into buffer t & 1.
+      auto load_stats = [&](int t, float (&v)[kStatPerThread]) {
+#pragma unroll
+        for (int x = 0; x < kStatPerThread; ++x) v[x] = t < iters ? load_stat(t, tid + 128 * x) : 0.f;
+      };
+      auto store_stats = [&](int t, const float (&v)[kStatPerThread]) {
+#pragma unroll
+        for (int x = 0; x < kStatPerThread; ++x) stats[(t & 1) * 2 * BM + tid + 128 * x] = v[x];
+      };
       // The first tile's statistics are requested before the wait for K and V, so that the two
       // latencies overlap instead of adding up at every block's start.
       float first_stat[kStatPerThread];
-#pragma unroll
-      for (int x = 0; x < kStatPerThread; ++x) first_stat[x] = load_stat(0, tid + 128 * x);
+      load_stats(0, first_stat);
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
         zero_rows(sK, BN, len_k - n0);
@@ -183,16 +192,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         named_barrier_sync(1, 256);
       }
-#pragma unroll
-      for (int x = 0; x < kStatPerThread; ++x) stats[tid + 128 * x] = first_stat[x];
+      store_stats(0, first_stat);
       named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
       for (int t = 0; t < iters; ++t) {
         const int h = head_of(t), m0 = m0_of(t);
         float next_stat[kStatPerThread];
-#pragma unroll
-        for (int x = 0; x < kStatPerThread; ++x) next_stat[x] = t + 1 < iters ? load_stat(t + 1, tid + 128 * x) : 0.f;
+        load_stats(t + 1, next_stat);
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
           zero_rows(sQ(s), BM, len_q - m0);
@@ -307,10 +314,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), t > 0 || kk > 0);
         wgmma_commit();
 
-        if (t + 1 < iters) {
-#pragma unroll
-          for (int x = 0; x < kStatPerThread; ++x) stats[((t + 1) & 1) * 2 * BM + tid + 128 * x] = next_stat[x];
-        }
+        if (t + 1 < iters) store_stats(t + 1, next_stat);
 
         // dQ = dS K over all 128 keys for one 64 x 64 tile per warpgroup (head_dim 128: columns
         // cw·64.., head_dim 64: queries cw·64..): A = dSᵀ read MN-major, B = K MN-major. The tile

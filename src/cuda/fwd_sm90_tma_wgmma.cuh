@@ -4,12 +4,10 @@
 // A tile is block_m = 128 query rows of one (batch, head); a block goes through one or (a
 // persistent grid) several tiles with three warpgroups:
 //   - the producer (warpgroup 0, 24 or, persistent, 32 registers after setmaxnreg) issues one
-//     thread's TMA copies of
-//     each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each completing on a "full"
-//     mbarrier, and waits on "empty" mbarriers before reusing a buffer;
+//     thread's TMA copies of each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each
+//     completing on a "full" mbarrier, and waits on "empty" mbarriers before reusing a buffer;
 //   - two consumers (240 or, persistent, 232 registers each) own 64 query rows each (wgmma's M).
-//     Per key tile:
-//     S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
+//     Per key tile: S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
 // Intra-warpgroup overlap (FA-3 Alg. 2): S(j+1) = Q K(j+1)ᵀ and O += P(j) V(j) are issued
@@ -72,6 +70,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
   // tiles the producer fetches them and hands them to the consumers through a two-entry ring.
   const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
+  // The static order's next tile, saturating at num_tiles: with one block per tile, tile +
+  // gridDim.x would pass 2^31 for num_tiles above 2^30.
+  auto next_static_tile = [&](int tile) {
+    return tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x);
+  };
   auto tile_block = [&](int tile, FwdBlock& blk) {
     const int mi = tile % num_m_blocks, bh = tile / num_m_blocks;
     return fwd_block_at<BM, BN>(p, num_m_blocks - 1 - mi, bh % p.num_heads, bh / p.num_heads, blk);
@@ -166,10 +169,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         // The next tile once this one's loads are issued (the producer runs ahead of the consumers
         // by the ring's depth, which hides the atomic's latency; fetching earlier would keep it in
-        // a register all along). The static step saturates at num_tiles: with one block per tile,
-        // tile + gridDim.x would pass 2^31 for num_tiles above 2^30.
-        tile = dynamic ? int(gridDim.x) + atomicAdd(tile_counter, 1)
-                       : (tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x));
+        // a register all along).
+        tile = dynamic ? int(gridDim.x) + atomicAdd(tile_counter, 1) : next_static_tile(tile);
       }
       if (dynamic) {
         // The last block to finish fetching re-zeroes the counter for the next launch on its slot.
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int static_tile = blockIdx.x;
     for (int j = 0;; ++j) {
       int tile = static_tile;
-      static_tile = static_tile >= num_tiles - int(gridDim.x) ? num_tiles : static_tile + int(gridDim.x);
+      static_tile = next_static_tile(static_tile);
       if (dynamic) {
         // Lane 0 alone reads the entry and frees it: an mbarrier arrive releases only the
         // arriving thread's own accesses, so the other lanes' reads would not be ordered before
