@@ -211,6 +211,8 @@ def _run(backward_pass: bool, q: Tensor, values: list) -> None:
 # FaParams' order (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k), then the
 # scalars, alibi_slopes, deterministic, num_threads, stream.
 _T = 13
+# Offsets inside an fa_tensor's values (data, dtype, device, device_index, ndim, shape[4], stride[4]).
+_NDIM, _STRIDE = 4, 9
 _DATA = {name: i * _T for i, name in enumerate(("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv",
                                                  "cu_seqlens_q", "cu_seqlens_k"))}
 _DATA["alibi_slopes"] = 11 * _T + 8
@@ -275,8 +277,7 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
         # What the values describe, in ctx.saved_tensors' order: the backward must find the same
         # layouts there (saved-tensor hooks may hand back copies with other strides, dtypes or
         # devices, and `x.data = ...` replaces a tensor's storage and shape).
-        layouts = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-                        for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
+        layouts = tuple(_layout(t) for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
         # The forward's values become the backward's (the call is done): out is new_empty's, hence
         # contiguous, so dout's description is out's; dq, dk, dv are contiguous tensors of q's, k's
         # and v's shapes.
@@ -284,10 +285,15 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
         values[i:i + _T] = values[j:j + _T]
         for dst, src in (("dq", "q"), ("dk", "k"), ("dv", "v")):
             i, j = _DATA[dst], _DATA[src]
-            values[i:i + 9] = values[j:j + 9]
-            values[i + 9:i + _T] = _contiguous_strides(values[j + 4], *values[j + 5:j + 9])
+            values[i:i + _STRIDE] = values[j:j + _STRIDE]
+            values[i + _STRIDE:i + _T] = _contiguous_strides(values[j + _NDIM], *values[j + _NDIM + 1:j + _STRIDE])
         template = (values, layouts)
     return out, lse, template
+
+
+def _layout(t: Optional[Tensor]):
+    """What a template's values describe of a tensor: (shape, stride, dtype, device), None for none."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _contiguous_strides(ndim: int, s0: int, s1: int, s2: int, s3: int) -> Tuple[int, int, int, int]:
@@ -477,7 +483,7 @@ def _bwd_fast(ctx, dout: Tensor):
     saved = ctx.saved_tensors
     template, layouts = ctx.bwd_template
     for t, layout in zip(saved, layouts):
-        if (None if t is None else (t.shape, t.stride(), t.dtype, t.device)) != layout:
+        if _layout(t) != layout:
             return None
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = saved
     if not (dout.dtype == out.dtype and dout.device == out.device and dout.shape == out.shape
