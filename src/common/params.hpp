@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "flashattn/flashattn.hpp"
 
@@ -89,5 +90,12 @@ inline float alibi_bias(const Params& p, int64_t b, int64_t h, int64_t i, int64_
 
 // Validates the public params for a pass; throws flashattn::Error naming the argument.
 Params validate(const AttentionParams& params, Pass pass);
+
+// Host values of a cu_seqlens array (batch + 1 of them) checked as a prefix sum from 0 to `total`
+// (total_what says where total comes from): the reason, naming `name`, or "" when valid. Sets
+// longest to the longest sequence and longest_at to its index. validate() uses it for host arrays,
+// the CUDA backend on a copy of device arrays.
+std::string cu_seqlens_error(const char* name, const int32_t* cu, int64_t batch, int64_t total,
+                             const char* total_what, int64_t& longest, int64_t& longest_at);
 
 }  // namespace flashattn::detail

@@ -145,27 +145,16 @@ void check_dim(const char* name, const TensorView& t, int32_t d, const char* wha
   }
 }
 
-// Reads a host int32 cu_seqlens array and checks it is a valid prefix sum ending at `total`.
+// Reads a host int32 cu_seqlens array and checks it is a valid prefix sum ending at `total`;
+// returns the longest sequence.
 int64_t check_cu_seqlens(const char* name, const TensorView& t, int64_t batch, int64_t total,
                          const char* total_what) {
   // Contiguous: check_tensor() requires stride 1 on the only (last) dimension when it has > 1 element.
-  const int32_t* cu = static_cast<const int32_t*>(t.data);
-  if (cu[0] != 0) fail(std::string(name) + ": expected element 0 = 0, got " + std::to_string(cu[0]));
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t lo = cu[b], hi = cu[b + 1];
-    if (hi < lo) {
-      fail(std::string(name) + ": expected non-decreasing values, got element " + std::to_string(b + 1) + " = " +
-           std::to_string(hi) + " < element " + std::to_string(b) + " = " + std::to_string(lo));
-    }
-    max_len = std::max(max_len, hi - lo);
-  }
-  const int64_t last = cu[batch];
-  if (last != total) {
-    fail(std::string(name) + ": expected last element = " + std::to_string(total) + " (" + total_what +
-         "), got " + std::to_string(last));
-  }
-  return max_len;
+  int64_t longest = 0, longest_at = 0;
+  const std::string error =
+      cu_seqlens_error(name, static_cast<const int32_t*>(t.data), batch, total, total_what, longest, longest_at);
+  if (!error.empty()) fail(error);
+  return longest;
 }
 
 // Byte range [lo, hi) that a view can touch; empty for a tensor with no elements. check_tensor()
@@ -263,6 +252,25 @@ void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
 }
 
 }  // namespace
+
+std::string cu_seqlens_error(const char* name, const int32_t* cu, int64_t batch, int64_t total,
+                             const char* total_what, int64_t& longest, int64_t& longest_at) {
+  longest = longest_at = 0;
+  if (cu[0] != 0) return std::string(name) + ": expected element 0 = 0, got " + std::to_string(cu[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lo = cu[b], hi = cu[b + 1];
+    if (hi < lo) {
+      return std::string(name) + ": expected non-decreasing values, got element " + std::to_string(b + 1) + " = " +
+             std::to_string(hi) + " < element " + std::to_string(b) + " = " + std::to_string(lo);
+    }
+    if (hi - lo > longest) longest = hi - lo, longest_at = b;
+  }
+  if (cu[batch] != total) {
+    return std::string(name) + ": expected last element = " + std::to_string(total) + " (" + total_what +
+           "), got " + std::to_string(cu[batch]);
+  }
+  return "";
+}
 
 Params validate(const AttentionParams& a, Pass pass) {
   if (pass != Pass::forward && pass != Pass::backward) {

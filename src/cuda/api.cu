@@ -202,9 +202,10 @@ std::optional<std::string> check_layout(const StridedTensor& t, const detail::Pa
   return std::nullopt;
 }
 
-// Host copy of a device cu_seqlens array, checked: element 0 is 0, values non-decreasing, every
-// length <= bound (validate() sets seqlen to the max_seqlen hint, else the packed total, which
-// bounds every length). Returns the longest length or a reason.
+// Host copy of a device cu_seqlens array, checked as validate() checks host ones
+// (detail::cu_seqlens_error: a prefix sum from 0 to the packed rows) and for every length <= bound
+// (validate() sets seqlen to the max_seqlen hint, else the packed total). Returns the longest
+// length or a reason.
 struct SeqlenCheck {
   int64_t max_len = 0;
   std::string error;
@@ -216,29 +217,12 @@ SeqlenCheck check_device_cu_seqlens(const char* name, const int32_t* cu, int64_t
   std::vector<int32_t> host(static_cast<size_t>(batch + 1));
   FA_CUDA_CHECK(cudaMemcpyAsync(host.data(), cu, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host[0] != 0) {
-    r.error = std::string(name) + ": expected element 0 = 0, got " + std::to_string(host[0]);
-    return r;
-  }
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = int64_t(host[b + 1]) - host[b];
-    if (len < 0) {
-      r.error = std::string(name) + ": expected non-decreasing values, got element " + std::to_string(b + 1) + " = " +
-                std::to_string(host[b + 1]) + " < element " + std::to_string(b) + " = " + std::to_string(host[b]);
-      return r;
-    }
-    if (len > bound) {
-      r.error = std::string(name) + ": expected every sequence length <= " + std::to_string(bound) +
-                " (max_seqlen hint or total rows), got " + std::to_string(len) + " for sequence " + std::to_string(b);
-      return r;
-    }
-    r.max_len = std::max(r.max_len, len);
-  }
-  // As on the CPU: the sequences fill the packed rows exactly (a larger last element would send the
-  // kernels past the tensors' ends).
-  if (host[batch] != total) {
-    r.error = std::string(name) + ": expected last element = " + std::to_string(total) + " (" + total_what +
-              "), got " + std::to_string(host[batch]);
+  int64_t longest_at = 0;
+  r.error = detail::cu_seqlens_error(name, host.data(), batch, total, total_what, r.max_len, longest_at);
+  if (r.error.empty() && r.max_len > bound) {
+    r.error = std::string(name) + ": expected every sequence length <= " + std::to_string(bound) +
+              " (max_seqlen hint or total rows), got " + std::to_string(r.max_len) + " for sequence " +
+              std::to_string(longest_at);
   }
   return r;
 }
