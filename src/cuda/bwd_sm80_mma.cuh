@@ -188,12 +188,12 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   float* sLse = reinterpret_cast<float*>(sY + R * LDX);  // [2][MR] lse·log2e of query rows
   float* sDsum = sLse + 2 * MR;                          // [2][MR] D of query rows
 
-  // Grid: x = (head, batch) pairs, y = resident tiles. Blocks start in linear order (x fastest), so
-  // every (head, batch) runs its heaviest tile before any runs a lighter one: under a causal mask
-  // the low key tiles (dK/dV kernel) and the high query tiles (dQ kernel) do the most work, and
-  // the light ones fill the last wave.
+  // Grid: x = (head, batch) pairs, y = resident tiles, taken tile-fastest (tile_fastest_block()).
+  // Within a pair the heaviest tile starts first: under a causal mask the low key tiles (dK/dV
+  // kernel) and the high query tiles (dQ kernel) do the most work.
   const int heads = kDqMode ? p.num_heads : p.num_heads_k;
-  const int b = blockIdx.x / heads, head = blockIdx.x % heads;
+  const PairTile pt = tile_fastest_block();
+  const int b = pt.pair / heads, head = pt.pair % heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Warp tile origins (row, column) in each product.
   const int s_row = (warp % (R / (16 * SM))) * SM * 16, s_col = (warp / (R / (16 * SM))) * SN * 8;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   const int64_t stat_rows = p.stat_rows;
 
   // Resident tile: keys [r0, r0 + R) of KV head hk, or queries [r0, r0 + R) of head h.
-  const int tile = kDqMode ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int tile = kDqMode ? int(gridDim.y) - 1 - pt.tile : pt.tile;
   const int r0 = tile * R;
   int first = 0, count = 0;  // streamed tiles [first, first + count) per head
   int hk, h_fixed;

@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 
   const int heads_k = p.num_heads_k;
-  const int b = blockIdx.x / heads_k, hk = blockIdx.x % heads_k;
-  const int n0 = blockIdx.y * BN;
+  const PairTile pt = tile_fastest_block();
+  const int b = pt.pair / heads_k, hk = pt.pair % heads_k;
+  const int n0 = pt.tile * BN;
   int64_t q_start = 0, k_start = 0;
   int len_q = p.seqlen_q, len_k = p.seqlen_k;
   const bool varlen = p.cu_seqlens_q != nullptr;
