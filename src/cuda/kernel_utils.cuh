@@ -140,18 +140,35 @@ __device__ __forceinline__ int swizzle_offset(int row, int chunk) {
 }
 
 // The backward grids are (pairs, tiles): x = (batch, head) pairs, y = the resident tiles of one
-// pair, so that the limits stay those of the grid's dimensions. Blocks start in linear order
-// (x fastest), and this reads that order tile-fastest instead: the blocks in flight then belong to
-// a few pairs and share their streamed operands (Q, dO and the dQ accumulator of the dK/dV kernel)
-// in L2. Taken pair-fastest, the 132 blocks of an H200 wave each streamed a different pair's, far
-// more than L2 holds (ncu, head_dim 128, seqlen 2048: 31 % L2 hits, DRAM 71 % busy).
+// pair, so that the limits stay those of the grid's dimensions. Blocks start in linear order (x
+// fastest), and grouped_block() reads that order in groups of `pair_group` pairs, each group's
+// blocks tile-major (tile 0 of every pair in the group, then tile 1, ...).
+//   - L2: the blocks in flight belong to one or two groups and share their streamed operands (Q,
+//     dO and the dQ accumulator of the dK/dV kernel). Taken pair-fastest over the whole grid, the
+//     132 blocks of an H200 wave each streamed a different pair's, far more than L2 holds (ncu,
+//     head_dim 128, seqlen 2048: 31 % L2 hits, DRAM 71 % busy; 90 % and 7 % in groups).
+//   - Balance: under a causal mask tile 0 is the heaviest; a group holds at least two waves of
+//     blocks (bwd_pair_group()), so its heavy tiles, started first, end before its light ones.
+//     Taken tile-fastest (groups of one pair), the last pair's heavy tile started late and set
+//     the kernel's end (Llama-3.1-8B causal backward -15 %).
 struct PairTile {
   int pair;  // (batch, head) index: batch = pair / heads, head = pair % heads
   int tile;  // resident tile within the pair, in [0, gridDim.y)
 };
-__device__ __forceinline__ PairTile tile_fastest_block() {
+__device__ __forceinline__ PairTile grouped_block(int pair_group) {
   const int64_t linear = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  return {int(linear / gridDim.y), int(linear % gridDim.y)};
+  const int64_t pairs = gridDim.x, tiles = gridDim.y;
+  const int64_t groups = max(int64_t{1}, pairs / pair_group);  // the last one takes the remainder
+  const int64_t g = min(linear / (int64_t(pair_group) * tiles), groups - 1);
+  const int64_t first = g * pair_group, size = g == groups - 1 ? pairs - first : pair_group;
+  const int64_t i = linear - first * tiles;
+  return {int(first + i % size), int(i / size)};
+}
+
+// Pairs per group for grouped_block(): enough for two waves of `tiles`-tile pairs on `sms` SMs.
+inline int bwd_pair_group(int64_t pairs, int64_t tiles, int sms) {
+  const int64_t g = (2 * int64_t(sms) + tiles - 1) / tiles;
+  return int(g < 1 ? 1 : g > pairs ? pairs : g);
 }
 
 }  // namespace flashattn::cuda
