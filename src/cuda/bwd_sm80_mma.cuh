@@ -188,11 +188,11 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   float* sLse = reinterpret_cast<float*>(sY + R * LDX);  // [2][MR] lse·log2e of query rows
   float* sDsum = sLse + 2 * MR;                          // [2][MR] D of query rows
 
-  // Grid: x = (head, batch) pairs, y = resident tiles, taken in groups (grouped_block()).
+  // Grid: x = (head, batch) pairs, y = resident tiles, taken as grouped_block() says.
   // Within a pair the heaviest tile starts first: under a causal mask the low key tiles (dK/dV
   // kernel) and the high query tiles (dQ kernel) do the most work.
   const int heads = kDqMode ? p.num_heads : p.num_heads_k;
-  const PairTile pt = grouped_block(p.pair_group);
+  const PairTile pt = grouped_block(p.tail_pairs);
   const int b = pt.pair / heads, head = pt.pair % heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Warp tile origins (row, column) in each product.
@@ -491,7 +491,7 @@ void launch_bwd_sm80(const BwdParams& p, void* stream) {
   const int rows = kDqMode ? p.seqlen_q : p.seqlen_k;
   const dim3 grid((kDqMode ? p.num_heads : p.num_heads_k) * p.batch, (rows + Shape::kRes - 1) / Shape::kRes);
   BwdParams lp = p;
-  lp.pair_group = bwd_pair_group(grid.x, grid.y, multiprocessor_count());
+  lp.tail_pairs = bwd_tail_pairs(grid.x, grid.y, multiprocessor_count());
   kernel<<<grid, Shape::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(lp);
   FA_CUDA_CHECK(cudaGetLastError());
 }

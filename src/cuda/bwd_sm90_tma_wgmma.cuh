@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 
   const int heads_k = p.num_heads_k;
-  const PairTile pt = grouped_block(p.pair_group);
+  const PairTile pt = grouped_block(p.tail_pairs);
   const int b = pt.pair / heads_k, hk = pt.pair % heads_k;
   const int n0 = pt.tile * BN;
   int64_t q_start = 0, k_start = 0;
@@ -444,7 +444,7 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   BwdParams lp = p;
-  lp.pair_group = bwd_pair_group(grid.x, grid.y, multiprocessor_count());
+  lp.tail_pairs = bwd_tail_pairs(grid.x, grid.y, multiprocessor_count());
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(lp, tq, tk, tv, tdo);
   FA_CUDA_CHECK(cudaGetLastError());
 }

@@ -52,7 +52,7 @@ struct BwdParams {
   // reduce-add: the tile is one contiguous block, and the XOR spreads the rows' 32-byte chunks
   // over the banks when the block is written to shared memory).
   int dq_accum_cols;
-  int pair_group;  // (batch, head) pairs per group of the grid's launch order (grouped_block())
+  int tail_pairs;  // (batch, head) pairs taken tile-major at the end of the grid (grouped_block())
 };
 
 // Floats per query row of the dq accumulator (see BwdParams): its tile columns, or head_dim.

@@ -141,32 +141,32 @@ __device__ __forceinline__ int swizzle_offset(int row, int chunk) {
 
 // The backward grids are (pairs, tiles): x = (batch, head) pairs, y = the resident tiles of one
 // pair, so that the limits stay those of the grid's dimensions. Blocks start in linear order (x
-// fastest), and grouped_block() reads that order in groups of `pair_group` pairs, each group's
-// blocks tile-major (tile 0 of every pair in the group, then tile 1, ...).
-//   - L2: the blocks in flight belong to one or two groups and share their streamed operands (Q,
-//     dO and the dQ accumulator of the dK/dV kernel). Taken pair-fastest over the whole grid, the
-//     132 blocks of an H200 wave each streamed a different pair's, far more than L2 holds (ncu,
-//     head_dim 128, seqlen 2048: 31 % L2 hits, DRAM 71 % busy; 90 % and 7 % in groups).
-//   - Balance: under a causal mask tile 0 is the heaviest; a group holds at least two waves of
-//     blocks (bwd_pair_group()), so its heavy tiles, started first, end before its light ones.
-//     Taken tile-fastest (groups of one pair), the last pair's heavy tile started late and set
-//     the kernel's end (Llama-3.1-8B causal backward -15 %).
+// fastest); grouped_block() reads that order tile-fastest, except for the last `tail_pairs`
+// pairs, whose blocks go tile-major (tile 0 of each of them, then tile 1, ...).
+//   - L2: a pair's tiles run together and walk its streamed operands (Q, dO and the dQ
+//     accumulator of the dK/dV kernel) in step, so each is read from DRAM about once. Taken
+//     pair-fastest, the 132 blocks of an H200 wave each streamed a different pair's, far more
+//     than L2 holds (ncu, head_dim 128, seqlen 2048: 31 % L2 hits, DRAM 71 % busy; 90 % and 7 %
+//     tile-fastest). Tile-major groups of 66 pairs over the whole grid were 2-7 % slower than
+//     tile-fastest at head_dim 64 and seqlen 512 (perf-notes, bwd v10).
+//   - Balance: under a causal mask tile 0 is the heaviest (twice the mean), and tile-fastest to
+//     the end let the last pairs' heavy tiles start late and set the kernel's end (Llama-3.1-8B
+//     causal backward -15 %). The tail group holds at least two waves of blocks
+//     (bwd_tail_pairs()), its heavy tiles start first and end before its light ones.
 struct PairTile {
   int pair;  // (batch, head) index: batch = pair / heads, head = pair % heads
   int tile;  // resident tile within the pair, in [0, gridDim.y)
 };
-__device__ __forceinline__ PairTile grouped_block(int pair_group) {
+__device__ __forceinline__ PairTile grouped_block(int tail_pairs) {
   const int64_t linear = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t pairs = gridDim.x, tiles = gridDim.y;
-  const int64_t groups = max(int64_t{1}, pairs / pair_group);  // the last one takes the remainder
-  const int64_t g = min(linear / (int64_t(pair_group) * tiles), groups - 1);
-  const int64_t first = g * pair_group, size = g == groups - 1 ? pairs - first : pair_group;
-  const int64_t i = linear - first * tiles;
-  return {int(first + i % size), int(i / size)};
+  const int64_t tiles = gridDim.y, head = int64_t(gridDim.x - tail_pairs) * tiles;
+  if (linear < head) return {int(linear / tiles), int(linear % tiles)};
+  const int64_t i = linear - head;
+  return {int(gridDim.x - tail_pairs + i % tail_pairs), int(i / tail_pairs)};
 }
 
-// Pairs per group for grouped_block(): enough for two waves of `tiles`-tile pairs on `sms` SMs.
-inline int bwd_pair_group(int64_t pairs, int64_t tiles, int sms) {
+// Pairs of grouped_block()'s tail group: enough for two waves of `tiles`-tile pairs on `sms` SMs.
+inline int bwd_tail_pairs(int64_t pairs, int64_t tiles, int sms) {
   const int64_t g = (2 * int64_t(sms) + tiles - 1) / tiles;
   return int(g < 1 ? 1 : g > pairs ? pairs : g);
 }
