@@ -7,9 +7,11 @@
 # For each profile: bench/gpu/kernel_times.py runs one forward + backward of the shape given by
 # KERNEL_TIMES_ARGS (its flags, spaces as commas) on build-gpu/dist's library, and ncu profiles the
 # third launch of the kernel whose name matches KERNEL_REGEX with the full section set (clocks at
-# base, as ncu locks them). $OUT gets NAME.ncu-rep (open it in Nsight Compute) and NAME.txt (the
-# details page: speed of light, memory, scheduler and warp-state statistics with the top stall
-# reasons, occupancy, launch), and a short table of each profile's headline metrics is printed last.
+# base, as ncu locks them). $OUT gets NAME.txt (the details page: speed of light, memory, scheduler
+# and warp-state statistics, occupancy, launch), NAME.stalls.txt (bench/gpu/ncu_stalls.py: cycles
+# per stall reason and the SASS instructions with the most warp samples) and ncu-reports.tgz (the
+# NAME.ncu-rep reports to open in Nsight Compute, logs and CSVs); a short table of each profile's
+# headline metrics is printed last.
 # Default: the head_dim 128 backward and forward at bf16 batch 8, seqlen 2048, 16 heads (the
 # largest gap to cuDNN in BENCHMARKS.md), and the head_dim 64 backward at batch 32, seqlen 512,
 # causal.
@@ -28,6 +30,7 @@ OUT=${OUT:-$PWD/gpu-ncu-out}
 mkdir -p "$OUT"
 DIST=$PWD/build-gpu/dist
 export LD_LIBRARY_PATH="$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+tmp=$(mktemp -d)  # reports, logs and CSVs: packed into one archive at the end (the device returns few files)
 profiles=("$@")
 if [ ${#profiles[@]} -eq 0 ]; then
   profiles=("bwd_d128_s2048:bwd_sm90_kernel:--batch,8,--seqlen,2048,--heads,16,--head-dim,128"
@@ -47,9 +50,15 @@ for prof in "${profiles[@]}"; do
     -f -o "$OUT/$name" python3 bench/gpu/kernel_times.py --iters 3 ${args//,/ } > "$OUT/$name.log" 2>&1
   rc=$?
   ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+  # Where the warps wait: stall reasons, then the SASS instructions with the most samples.
+  ncu --import "$OUT/$name.ncu-rep" --page raw --csv > "$tmp/$name.raw.csv" 2>&1
+  ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$tmp/$name.sass.csv" 2>&1
+  python3 bench/gpu/ncu_stalls.py "$tmp/$name.raw.csv" "$tmp/$name.sass.csv" > "$OUT/$name.stalls.txt" 2>&1
+  mv "$OUT/$name.ncu-rep" "$OUT/$name.log" "$tmp/"
   pick() { grep -m1 -E "^ +$1 " "$OUT/$name.txt" | awk '{print $NF}'; }
   summary+=("$(printf '%-22s rc=%s %4s s  duration %s  SM %s %%  memory %s %%  issue busy %s %%  warps/sched eligible %s' \
     "$name" "$rc" "$(( $(date +%s) - start ))" "$(pick Duration)" "$(pick 'Compute \(SM\) Throughput')" \
     "$(pick 'Memory Throughput')" "$(pick 'Issue Slots Busy')" "$(pick 'Eligible Warps Per Scheduler')")")
 done
+tar czf "$OUT/ncu-reports.tgz" -C "$tmp" . && rm -rf "$tmp"
 printf '%s\n' "${summary[@]}"

@@ -1,0 +1,75 @@
+"""Where a kernel's warps wait, from an Nsight Compute report (scripts/gpu_ncu.sh runs it there).
+
+    python3 bench/gpu/ncu_stalls.py RAW_CSV [SOURCE_CSV]
+
+RAW_CSV: `ncu --import R.ncu-rep --page raw --csv` (one row per profiled kernel). Prints the warp
+state breakdown: for each stall reason, the warp cycles per issued instruction spent in it
+(`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`), largest first; their sum is
+the "Warp Cycles Per Issued Instruction" of the details page.
+SOURCE_CSV (optional): `ncu --import R.ncu-rep --page source --csv --print-source sass`. Prints the
+40 SASS instructions with the most warp-state samples, with their sample columns, so that a stall
+can be tied to an instruction (a barrier, a wgmma wait, an mbarrier try_wait).
+"""
+import csv
+import sys
+
+STALL = "smsp__average_warps_issue_stalled_"
+SUFFIX = "_per_issue_active.ratio"
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def stalls(path):
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    header = next((r for r in rows if any(c.startswith(STALL) for c in r)), None)
+    if header is None:
+        print(f"{path}: no {STALL}* metrics (was the report taken with --set full?)")
+        return
+    start = rows.index(header)
+    for row in rows[start + 1:]:
+        values = {h: number(v) for h, v in zip(header, row)}
+        pairs = [(h[len(STALL):-len(SUFFIX)], v) for h, v in values.items()
+                 if h.startswith(STALL) and h.endswith(SUFFIX) and v is not None]
+        if not pairs:
+            continue  # the units row
+        total = sum(v for _, v in pairs)
+        print(f"warp cycles per issued instruction: {total:.2f}")
+        for name, v in sorted(pairs, key=lambda p: -p[1]):
+            if v >= 0.01:
+                print(f"  {name:<28} {v:6.2f}  {100 * v / total:5.1f} %")
+
+
+def hot_instructions(path, top=40):
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    header = next((r for r in rows if "Source" in r), None)
+    if header is None:
+        print(f"{path}: no Source column")
+        return
+    src = header.index("Source")
+    cols = [i for i, h in enumerate(header) if "sampl" in h.lower() or "stall" in h.lower()]
+    if not cols:
+        print(f"{path}: no sampling columns in {header}")
+        return
+    key = cols[0]
+    body = [r for r in rows[rows.index(header) + 1:] if len(r) == len(header) and number(r[key]) is not None]
+    total = sum(number(r[key]) for r in body) or 1.0
+    print(f"top {top} instructions by '{header[key]}' (of {total:.0f} samples); columns: "
+          + ", ".join(header[i] for i in cols))
+    for r in sorted(body, key=lambda r: -number(r[key]))[:top]:
+        share = 100 * number(r[key]) / total
+        print(f"  {share:5.1f} %  " + " ".join(f"{r[i]:>7}" for i in cols) + "  " + r[src].strip()[:90])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    stalls(sys.argv[1])
+    if len(sys.argv) == 3:
+        hot_instructions(sys.argv[2])
