@@ -2,7 +2,10 @@
 backends, at one shape: where the time of a backward goes (preprocess, main kernel, dq
 postprocess, memsets) and how it compares kernel by kernel.
 
-  python3 bench/gpu/kernel_times.py --batch 32 --seqlen 512 --heads 32 --head-dim 64 [--causal]
+  python3 bench/gpu/kernel_times.py --batch 32 --seqlen 512 --heads 32 --head-dim 64 [--heads-k 8] [--causal]
+
+--heads-k (default: --heads) gives GQA / MQA: the SDPA backends then run with enable_gqa=True, and
+one that refuses the shape is reported as skipped.
 """
 import argparse
 
@@ -19,12 +22,17 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--heads-k", type=int, default=None, help="KV heads (GQA / MQA); default --heads")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
+    heads_k = args.heads if args.heads_k is None else args.heads_k
+    if heads_k < 1 or args.heads % heads_k:
+        ap.error(f"--heads-k: expected a divisor of --heads ({args.heads}), got {heads_k}")
     shape = (args.batch, args.seqlen, args.heads, args.head_dim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    kv_shape = (args.batch, args.seqlen, heads_k, args.head_dim)
+    q, k, v = (torch.randn(s, device="cuda", dtype=torch.bfloat16, requires_grad=True) for s in (shape, kv_shape, kv_shape))
     g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
 
@@ -34,13 +42,19 @@ def main():
     def sdpa(backend):
         def run():
             with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal).backward(g.transpose(1, 2))
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal,
+                                               enable_gqa=heads_k != args.heads).backward(g.transpose(1, 2))
         return run
 
-    print(f"bf16 {shape} causal={args.causal}: GPU time per fwd+bwd, by kernel (us), {args.iters} iterations")
+    print(f"bf16 {shape} heads_k={heads_k} causal={args.causal}: GPU time per fwd+bwd, by kernel (us), "
+          f"{args.iters} iterations")
     for name, fn in (("ours", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION)), ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
-        for _ in range(3):
-            fn()
+        try:
+            for _ in range(3):
+                fn()
+        except RuntimeError as e:  # a backend that does not take the shape (e.g. GQA)
+            print(f"== {name}\n  skipped: {str(e).splitlines()[0][:100]}")
+            continue
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.iters):
