@@ -54,7 +54,8 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
 
 
 _I64x4 = ctypes.c_int64 * 4
-# Arguments whose dtype is fixed (the others take q's: float32, float16 or bfloat16).
+# Arguments whose dtype is fixed (the others take q's: fp32, fp16 or bf16, the library's names,
+# which its own messages use too, e.g. for an int32 q).
 _EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32"}
 
 
@@ -63,7 +64,7 @@ def _tensor(t: Tensor, name: str) -> Tuple[int, ...]:
     times per attention call, so it reads each property once (fixed dtypes: _fixed_dtype)."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
-        expected = _EXPECTED_DTYPES.get(name, "float32, float16 or bfloat16")
+        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16 or bf16")
         raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
     shape = t.shape
     ndim = len(shape)

@@ -85,6 +85,9 @@ def _check_tensors(**tensors) -> None:
     for name, t in tensors.items():
         if not isinstance(t, Tensor) and not (t is None and name == "alibi_slopes"):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        # A sparse or mkldnn tensor has no strides to describe it: torch's own error named nothing.
+        if t is not None and t.layout != torch.strided:
+            raise ValueError(f"{name}: expected a dense (strided) tensor, got layout {str(t.layout).removeprefix('torch.')}")
 
 
 def _check_alibi_slopes(alibi_slopes: Optional[Tensor]) -> None:

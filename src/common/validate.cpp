@@ -214,11 +214,47 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
   }
 }
 
+// Whether t's elements fill its span without gaps (a contiguous tensor in some dimension order).
+bool is_dense(const TensorView& t) {
+  int64_t span = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) span += (t.shape[d] - 1) * t.stride[d];
+  return span == t.numel();
+}
+
+// The smallest element offset of t (elements from t.data, Σ i_d·stride[d]) that is >= off, or
+// INT64_MAX when there is none. Needs check_no_self_overlap's nesting (each stride at least the
+// span of the smaller ones): at each dimension, from the largest stride down, the index
+// floor(off / stride) either reaches off within the smaller dimensions or the next index does.
+int64_t first_element_at_or_above(const TensorView& t, int64_t off) {
+  int32_t dims[4];
+  int32_t n = 0;
+  for (int32_t d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims[n++] = d;
+  std::sort(dims, dims + n, [&](int32_t x, int32_t y) { return t.stride[x] > t.stride[y]; });
+  int64_t base = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (off <= base) return base;
+    const int64_t stride = t.stride[dims[i]], count = t.shape[dims[i]];
+    int64_t inner = 0;  // the largest offset the smaller dimensions reach
+    for (int32_t j = i + 1; j < n; ++j) inner += (t.shape[dims[j]] - 1) * t.stride[dims[j]];
+    const int64_t k = std::min(count - 1, (off - base) / stride);
+    if (base + k * stride + inner >= off) {
+      base += k * stride;  // off is reached inside index k (or between its elements: descend)
+    } else if (k + 1 < count) {
+      return base + (k + 1) * stride;  // index k ends below off; index k + 1 starts above it
+    } else {
+      return INT64_MAX;
+    }
+  }
+  return off <= base ? base : INT64_MAX;
+}
+
 // Two outputs that share elements would be written twice. Outputs may share a buffer (dq, dk, dv
 // as interleaved views of one packed [batch, seqlen, 3, num_heads, head_dim] dqkv tensor: their
-// byte ranges overlap, their elements do not), and telling element overlap from byte overlap for
-// arbitrary strides is an integer program, so the check is the one that holds for every sane
-// packing: distinct outputs start at distinct addresses, and neither inside the other's first row.
+// byte ranges overlap, their elements do not), so byte ranges alone cannot decide. Checked:
+// distinct start addresses; neither starting inside the other's first row; and, when either is
+// dense (no gaps in its span), whether the other has an element inside that span (exact). Two
+// gapped views (interleaved packings) are beyond these checks.
 void check_distinct_outputs(const char* name, const TensorView& t, const char* other_name, const TensorView& other) {
   if (!t.defined() || !other.defined() || t.numel() == 0 || other.numel() == 0) return;
   if (t.data == other.data) {
@@ -240,6 +276,23 @@ void check_distinct_outputs(const char* name, const TensorView& t, const char* o
          " (each output written once), got a data pointer " + std::to_string(t_in_other ? a - b : b - a) +
          " bytes " + (t_in_other ? "after " : "before ") + other_name + "'s, inside the first row of " +
          (t_in_other ? std::string(other_name) : std::string(name)));
+  }
+  // One dense output (span [lo, hi) in bytes) against the other's elements.
+  auto shares_elements = [](const TensorView& dense, const TensorView& x) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(dense.data);
+    const auto hi = lo + static_cast<std::uintptr_t>(dense.numel()) * dtype_size(dense.dtype);
+    const auto xs = reinterpret_cast<std::uintptr_t>(x.data);
+    const auto es = static_cast<std::uintptr_t>(dtype_size(x.dtype));
+    // x's element e covers [xs + e·es, xs + (e + 1)·es): the first that ends above lo.
+    const int64_t from = xs + es > lo ? 0 : static_cast<int64_t>((lo - xs - es) / es + 1);
+    const int64_t e = first_element_at_or_above(x, from);
+    return e != INT64_MAX && xs + static_cast<std::uintptr_t>(e) * es < hi;
+  };
+  if ((is_dense(other) && shares_elements(other, t)) || (is_dense(t) && shares_elements(t, other))) {
+    fail(std::string(name) + ": expected memory disjoint from " + other_name +
+         " (each output written once), got views that share elements (" + name + " starts " +
+         std::to_string(reinterpret_cast<std::intptr_t>(t.data) - reinterpret_cast<std::intptr_t>(other.data)) +
+         " bytes from " + other_name + ")");
   }
 }
 
@@ -621,6 +674,12 @@ Params validate(const AttentionParams& a, Pass pass) {
 
   p.softmax_scale = a.softmax_scale != 0.0f ? a.softmax_scale
                                             : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // The backends fold softmax_scale / softcap into one multiplier of Q·Kᵀ: an inf there makes
+  // tanh(inf · 0) = NaN of scores that are far inside the float32 range.
+  if (a.softcap > 0.0f && !std::isfinite(p.softmax_scale / a.softcap)) {
+    fail("softcap: expected softmax_scale / softcap finite in float32 (the scores are scaled by it before tanh), "
+         "got softmax_scale = " + float_str(p.softmax_scale) + " and softcap = " + float_str(a.softcap));
+  }
   p.softcap = a.softcap;
   // A window wider than every sequence is no window. Storing it as -1 (unbounded) keeps the mask
   // arithmetic of visible_keys() and the backends' block skipping (i + offset ± window) far from

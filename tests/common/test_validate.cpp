@@ -266,6 +266,15 @@ const ErrorCase kCases[] = {
      "expected 0 (off) or a positive finite value with a finite reciprocal, got 1e-45"},
     {"SoftcapReciprocalOverflows", Pass::backward, false, [](AttentionParams& a) { a.softcap = 2e-39f; }, "softcap",
      "finite reciprocal, got 2e-39"},
+    // Fixed bug: a finite 1/softcap times a moderate scale overflowed to inf: NaN out, lse and
+    // gradients with a success status.
+    {"SoftcapScaleRatioOverflows", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.softmax_scale = 1000.0f;
+       a.softcap = 1e-36f;
+     },
+     "softcap", "softmax_scale / softcap finite in float32 (the scores are scaled by it before tanh), got "
+                "softmax_scale = 1000 and softcap = 1e-36"},
     // Fixed bugs: pointers off their element size reached the kernels (UBSan: misaligned loads and
     // stores on the CPU; a misaligned-address fault on the GPU).
     // Fixed bug: a NaN or infinite slope gave NaN outputs with a success status.
@@ -304,6 +313,15 @@ const ErrorCase kCases[] = {
     {"DqInsideDvFirstRow", Pass::backward, false,
      [](AttentionParams& a) { a.dq.data = static_cast<float*>(a.dv.data) + 5; }, "dv",
      "got a data pointer 20 bytes before dq's, inside the first row of dv"},
+    // Fixed bug: outputs that started past the other's first row but inside its span were
+    // accepted, and their shared elements written twice (gradients silently wrong). dq is dense
+    // [2, 5, 4, 8]: dk one head later, dv one sequence row later.
+    {"DkNextHeadOfDq", Pass::backward, false,
+     [](AttentionParams& a) { a.dk.data = static_cast<float*>(a.dq.data) + 8; }, "dk",
+     "disjoint from dq (each output written once), got views that share elements (dk starts 32 bytes from dq)"},
+    {"DvNextRowOfDq", Pass::backward, false,
+     [](AttentionParams& a) { a.dv.data = static_cast<float*>(a.dq.data) + 32; }, "dv",
+     "got views that share elements (dv starts 128 bytes from dq)"},
     {"NumThreads", Pass::forward, false, [](AttentionParams& a) { a.num_threads = -1; }, "num_threads",
      ">= 0 (0 = all hardware threads), got -1"},
     {"AlibiShape", Pass::forward, false,
@@ -568,6 +586,43 @@ TEST(Validation, PackedOutputsMayShareABuffer) {
     t.stride[3] = 1;
   }
   EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+}
+
+TEST(Validation, AdjacentOutputsMayShareABuffer) {
+  // dq and dk back to back in one allocation: dense, disjoint spans.
+  Problem pr(base_config(false), 1);
+  AttentionParams a = pr.params();
+  std::vector<float> buf(static_cast<size_t>(a.dq.numel() + a.dk.numel()));
+  a.dq.data = buf.data();
+  a.dk.data = buf.data() + a.dq.numel();
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+  // One element further back, dk's first element is dq's last.
+  a.dk.data = buf.data() + a.dq.numel() - 1;
+  const Plan r = plan(a, Pass::backward);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("dk: expected memory disjoint from dq"), std::string::npos) << r.reason;
+}
+
+TEST(Validation, DenseOutputInsideAGappedOne) {
+  // dq interleaved in a packed [batch, seqlen, 2, heads, dim] buffer; dk dense, placed over dq's
+  // second row (inside dq's span, past its first row): the exact check finds the shared element.
+  ProblemConfig c = base_config(false);
+  c.seqlen_k = c.seqlen_q;
+  c.num_heads_k = c.num_heads;
+  Problem pr(c, 1);
+  AttentionParams a = pr.params();
+  std::vector<float> packed(static_cast<size_t>(2 * 5 * 2 * 4 * 8 + 2 * 5 * 4 * 8));
+  a.dq.data = packed.data();
+  a.dq.stride[0] = 5 * 2 * 4 * 8;
+  a.dq.stride[1] = 2 * 4 * 8;
+  a.dq.stride[2] = 8;
+  a.dk.data = packed.data() + 2 * 4 * 8 - 4;  // ends inside dq's second row
+  const Plan r = plan(a, Pass::backward);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("dk: expected memory disjoint from dq"), std::string::npos) << r.reason;
+  // In the gap between dq's rows, but dk dense and longer than the gap: still shares elements.
+  a.dk.data = packed.data() + 4 * 8;
+  EXPECT_FALSE(plan(a, Pass::backward).ok);
 }
 
 TEST(Validation, BroadcastInputsMayOverlapThemselves) {

@@ -306,6 +306,20 @@ def test_wrong_types_in_varlen_name_the_argument():
         flash_attn_func(None, q, q)
 
 
+def test_sparse_tensors_name_the_argument():
+    # Fixed bug: a sparse q raised torch's "unsupported memory format option", naming no argument.
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(ValueError, match="q: expected a dense \\(strided\\) tensor, got layout sparse_coo"):
+        flash_attn_func(q.to_sparse(), q, q)
+    with pytest.raises(ValueError, match="v: expected a dense"):
+        flash_attn_func(q, q, q.to_sparse())
+
+
+def test_integer_q_gets_the_library_dtype_names():
+    with pytest.raises(ValueError, match="q: expected dtype fp32, fp16 or bf16, got int64"):
+        flash_attn_func(*(torch.ones(1, 3, 2, 8, dtype=torch.int64),) * 3)
+
+
 def test_direct_bwd_call_with_a_rank_0_lse_names_it():
     from flashattn._ops import pack_options
 

@@ -186,6 +186,10 @@ def main():
         expect_error("--softcap below float32", base + ["--out", o("o.npy"), "--softcap", "1e-50"], "--softcap",
                      out_dir)
         expect_error("--scale above float32", base + ["--out", o("o.npy"), "--scale", "1e39"], "--scale", out_dir)
+        # Fixed bug: CLI11 turned an empty value into the option's default (softcap off, default scale).
+        for opt in ("--scale", "--softcap", "--window"):
+            expect_error(opt + " empty", base + ["--out", o("o.npy"), opt, ""], opt + ": expected a value, got ''",
+                         out_dir)
         expect_error("unknown option", base + ["--out", o("o.npy"), "--bogus"], "bogus", out_dir)
         expect_error("missing --out", base, "--out", out_dir)
         expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)
@@ -230,6 +234,11 @@ def main():
                      "refusing to overwrite the input file given to --inputs", out_dir)
         # Command-line validators: short messages (CLI11's PositiveNumber printed DBL_MAX in full).
         expect_error("--seqlen 0", ["--seqlen", "0"], "--seqlen: expected a number > 0, got 0", out_dir)
+        # Fixed bug: a seqlen past int64 saturated and was blamed on an internal tensor's shape.
+        expect_error("--seqlen huge", ["--seqlen", "99999999999999999999"],
+                     "--seqlen: expected a number <= 2147483647, got 99999999999999999999", out_dir)
+        expect_error("bench --seqlen huge", ["bench", "--seqlen", "3000000000"], "--seqlen: expected a number <= ",
+                     out_dir)
         expect_error("bench --max-seconds 0", ["bench", "--max-seconds", "0"], "expected a number > 0", out_dir)
         expect_error("bench --heads-k -1", ["bench", "--heads-k", "-1"], "expected a number >= 0", out_dir)
         # Bytes from file headers are escaped: the error line is printable ASCII.

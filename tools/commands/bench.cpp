@@ -209,12 +209,16 @@ Command add_bench_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("bench", "Benchmark GFLOP/s and working memory over a sweep of shapes.");
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app->add_option("--dtype", args->dtypes, "comma-separated: f32, f16, bf16")->delimiter(',');
-  app->add_option("--head-dim", args->head_dims, "comma-separated head dims")->delimiter(',')->check(positive_number());
+  app->add_option("--head-dim", args->head_dims, "comma-separated head dims")
+      ->delimiter(',')
+      ->check(positive_number())
+      ->check(int_sized());
   app->add_option("--seqlen", args->seqlens, "comma-separated sequence lengths (seqlen_q = seqlen_k)")
       ->delimiter(',')
-      ->check(positive_number());
-  app->add_option("--batch", args->batch, "batch size")->check(positive_number());
-  app->add_option("--heads", args->heads, "query heads")->check(positive_number());
+      ->check(positive_number())
+      ->check(int_sized());
+  app->add_option("--batch", args->batch, "batch size")->check(positive_number())->check(int_sized());
+  app->add_option("--heads", args->heads, "query heads")->check(positive_number())->check(int_sized());
   app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")->check(non_negative_number());
   app->add_option("--causal", args->causal, "both, true or false");
   app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->delimiter(',');

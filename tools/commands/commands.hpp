@@ -29,6 +29,22 @@ inline CLI::Validator number_above(double lowest, bool inclusive, const char* na
       name);
 }
 inline CLI::Validator positive_number() { return number_above(0, false, "POSITIVE"); }
+// Sizes past int's range would saturate in the conversion and surface as a shape error elsewhere.
+inline CLI::Validator number_at_most(double highest, const char* name) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "expected a number, got '" + text + "'";
+        return value <= highest ? std::string() : "expected a number <= " + std::to_string(int64_t(highest)) + ", got " + text;
+      },
+      name);
+}
+inline CLI::Validator int_sized() { return number_at_most(2147483647.0, "INT"); }
+// CLI11 converts an empty string to a numeric option's default; an empty value is a mistake.
+inline CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& text) { return text.empty() ? std::string("expected a value, got ''") : std::string(); },
+                        "NONEMPTY");
+}
 inline CLI::Validator non_negative_number() { return number_above(0, true, "NONNEGATIVE"); }
 
 Command add_run_command(CLI::App& parent);

@@ -73,7 +73,7 @@ Command add_default_command(CLI::App& app) {
       ->check(CLI::Range(1, 8));
   app.add_option("--device", args->device, "default job: cpu, cuda or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--seqlen", args->seqlen, "default job: sequence length")->check(positive_number());
+  app.add_option("--seqlen", args->seqlen, "default job: sequence length")->check(positive_number())->check(int_sized());
   return {&app, [args] { return main_job(*args); }};
 }
 

@@ -307,9 +307,9 @@ Command add_run_command(CLI::App& parent) {
   app->add_flag("--causal", args->causal, "causal mask (window_size_right = 0)");
   app->add_option("--causal-align", args->causal_align, "diagonal alignment when seqlen_q != seqlen_k")
       ->check(CLI::IsMember({"bottom-right", "top-left"}));
-  app->add_option("--window", args->window, "sliding window L,R (-1 = unbounded)");
-  app->add_option("--softcap", args->softcap, "logit soft-capping softcap * tanh(S / softcap) (0 = off)");
-  app->add_option("--scale", args->scale, "softmax_scale (0 = 1/sqrt(head_dim))");
+  app->add_option("--window", args->window, "sliding window L,R (-1 = unbounded)")->check(non_empty());
+  app->add_option("--softcap", args->softcap, "logit soft-capping softcap * tanh(S / softcap) (0 = off)")->check(non_empty());
+  app->add_option("--scale", args->scale, "softmax_scale (0 = 1/sqrt(head_dim))")->check(non_empty());
   app->add_option("--alibi", args->alibi, "ALiBi slopes, float32 [num_heads] or [batch, num_heads]");
   app->add_option("--cu-seqlens-q", args->cu_seqlens_q, "int32 [batch + 1] prefix sums (varlen layout)");
   app->add_option("--cu-seqlens-k", args->cu_seqlens_k, "int32 [batch + 1] prefix sums (varlen layout)");
