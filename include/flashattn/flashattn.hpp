@@ -3,7 +3,10 @@
 // Forward (Dao et al. 2022, "FlashAttention", Alg. 1; Dao 2023, "FlashAttention-2", Alg. 1):
 //   S   = softmax_scale · Q Kᵀ                                  [seqlen_q, seqlen_k] per (batch, head)
 //   S   = softcap · tanh(S / softcap)             if softcap > 0 (Gemma-2 style logit capping)
-//   S   = S − slope_h · |i + (seqlen_k − seqlen_q) − j|          if alibi_slopes (Press et al. 2022)
+//   S   = S − slope_h · |i + (seqlen_k − seqlen_q) − j|          if alibi_slopes (Press et al. 2022;
+//                                        distance from the bottom-right diagonal whatever causal_align
+//                                        says, as in FlashAttention: under a causal mask the alignment
+//                                        only shifts each row by a constant, which softmax ignores)
 //   S   = −inf where the mask hides key j from query i           (causal / sliding window, below)
 //   lse = log Σ_j exp(S_ij)                                       natural log, float32
 //   O   = exp(S − lse) V

@@ -190,6 +190,13 @@ def main():
         for opt in ("--scale", "--softcap", "--window"):
             expect_error(opt + " empty", base + ["--out", o("o.npy"), opt, ""], opt + ": expected a value, got ''",
                          out_dir)
+        # Fixed bugs: an output named x.txt was written as .npy; --causal-align alone changed nothing.
+        expect_error("--out .txt", base + ["--out", o("o.txt")],
+                     "--out: expected a file name ending in .npy or .safetensors, got", out_dir)
+        expect_error("--lse no extension", base + ["--out", o("o.npy"), "--lse", o("lse")], "--lse: expected a file name",
+                     out_dir)
+        expect_error("--causal-align alone", base + ["--out", o("o.npy"), "--causal-align", "top-left"],
+                     "--causal-align: applies to --causal or --window, got neither", out_dir)
         expect_error("unknown option", base + ["--out", o("o.npy"), "--bogus"], "bogus", out_dir)
         expect_error("missing --out", base, "--out", out_dir)
         expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)
@@ -211,7 +218,8 @@ def main():
         # all are written.
         expect_error("unwritable second output", base + ["--out", o("a.npy"), "--lse", o("zz/l.npy")],
                      "--lse: cannot write", out_dir)
-        expect_error("output is a directory", base + ["--out", out_dir], "is a directory", out_dir)
+        os.mkdir(o("dir.npy"))
+        expect_error("output is a directory", base + ["--out", o("dir.npy")], "is a directory", out_dir)
         # The same file spelled two ways, and outputs over inputs.
         cwd = os.getcwd()
         os.chdir(out_dir)

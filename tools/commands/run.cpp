@@ -27,7 +27,7 @@ struct RunArgs {
   std::string inputs, q, k, v, dout, alibi, cu_seqlens_q, cu_seqlens_k;
   std::string out, lse, dq, dk, dv;
   bool causal = false;
-  std::string causal_align = "bottom-right";
+  std::string causal_align;  // empty: not given (bottom-right)
   std::string window;
   double softcap = 0.0, scale = 0.0;  // parsed wide: a value that rounds to 0 in float32 is refused, not "off"
   std::string device = "auto";
@@ -132,6 +132,10 @@ float float32_option(const char* option, double value) {
 int run(const RunArgs& a) {
   CallOptions o;
   o.causal = a.causal;
+  // The alignment places the causal or window diagonal; alone it would change nothing.
+  if (!a.causal_align.empty() && !a.causal && a.window.empty()) {
+    throw Error("--causal-align: applies to --causal or --window, got neither");
+  }
   o.causal_align = a.causal_align == "top-left" ? CausalAlign::top_left : CausalAlign::bottom_right;
   if (!a.window.empty()) std::tie(o.window_size_left, o.window_size_right) = parse_window(a.window);
   o.softcap = float32_option("--softcap", a.softcap);
@@ -189,6 +193,14 @@ int run(const RunArgs& a) {
       throw Error(option + ": required with --dout (or give a .safetensors --out to hold every output)");
     }
     targets.push_back(path->empty() ? Target{name, "--out", a.out} : Target{name, option, *path});
+  }
+  // The format follows the name: anything else would have been written as .npy under it.
+  for (const Target& target : targets) {
+    const std::string& path = target.path;
+    const bool npy = path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+    if (!npy && !io::is_safetensors_path(path)) {
+      throw Error(target.option + ": expected a file name ending in .npy or .safetensors, got '" + path + "'");
+    }
   }
   // Outputs meet the inputs and each other by the file they name, however it is spelled.
   const std::pair<const char*, const std::string*> inputs[] = {
