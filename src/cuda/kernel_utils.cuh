@@ -159,10 +159,10 @@ struct PairTile {
 };
 __device__ __forceinline__ PairTile grouped_block(int tail_pairs) {
   const int64_t linear = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t tiles = gridDim.y, head = int64_t(gridDim.x - tail_pairs) * tiles;
-  if (linear < head) return {int(linear / tiles), int(linear % tiles)};
-  const int64_t i = linear - head;
-  return {int(gridDim.x - tail_pairs + i % tail_pairs), int(i / tail_pairs)};
+  const int64_t tiles = gridDim.y, first_tail_pair = int64_t(gridDim.x) - tail_pairs;
+  if (linear < first_tail_pair * tiles) return {int(linear / tiles), int(linear % tiles)};
+  const int64_t i = linear - first_tail_pair * tiles;
+  return {int(first_tail_pair + i % tail_pairs), int(i / tail_pairs)};
 }
 
 // Pairs of grouped_block()'s tail group: enough for two waves of `tiles`-tile pairs on `sms` SMs
