@@ -1,0 +1,54 @@
+// The backward kernels' block order: which (batch, head) pair and resident tile each block of
+// the launch order takes. Host and device code, so that a host test checks the mapping for every
+// grid shape it likes (tests/cuda/test_cuda_grid_order.cpp).
+//
+// The backward grids are (pairs, tiles): x = (batch, head) pairs, y = the resident tiles of one
+// pair, so that the limits stay those of the grid's dimensions. Blocks start in linear order (x
+// fastest); grouped_block_at() reads that order tile-fastest, except for the last `tail_pairs`
+// pairs, whose blocks go tile-major (tile 0 of each of them, then tile 1, ...).
+//   - L2: a pair's tiles run together and walk its streamed operands (Q, dO and the dQ
+//     accumulator of the dK/dV kernel) in step, so each is read from DRAM about once. Taken
+//     pair-fastest, the 132 blocks of an H200 wave each streamed a different pair's, far more
+//     than L2 holds (ncu, head_dim 128, seqlen 2048: 31 % L2 hits, DRAM 71 % busy; 90 % and 7 %
+//     tile-fastest). Tile-major groups of 66 pairs over the whole grid were 2-7 % slower than
+//     tile-fastest at head_dim 64 and seqlen 512 (perf-notes, bwd v10).
+//   - Balance: under a causal mask tile 0 is the heaviest (twice the mean), and tile-fastest to
+//     the end let the last pairs' heavy tiles start late and set the kernel's end (Llama-3.1-8B
+//     causal backward -15 %). The tail group holds at least two waves of blocks
+//     (bwd_tail_pairs()), its heavy tiles start first and end before its light ones.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FLASHATTN_HOST_DEVICE __host__ __device__
+#else
+#define FLASHATTN_HOST_DEVICE
+#endif
+
+namespace flashattn::cuda {
+
+struct PairTile {
+  int pair;  // (batch, head) index: batch = pair / heads, head = pair % heads
+  int tile;  // resident tile within the pair, in [0, tiles)
+};
+
+// Block `linear` of a (pairs, tiles) grid; tail_pairs in [0, pairs].
+FLASHATTN_HOST_DEVICE inline PairTile grouped_block_at(int64_t linear, int64_t pairs, int64_t tiles, int tail_pairs) {
+  const int64_t first_tail_pair = pairs - tail_pairs;
+  if (linear < first_tail_pair * tiles) return {int(linear / tiles), int(linear % tiles)};
+  const int64_t i = linear - first_tail_pair * tiles;
+  return {int(first_tail_pair + i % tail_pairs), int(i / tail_pairs)};
+}
+
+// Pairs of the tail group: enough for two waves of `tiles`-tile pairs on `sms` SMs when the tiles'
+// work differs (`masked`: a causal mask or a window), else none: unmasked there is nothing to
+// balance, and the pairs keep their lockstep reuse (the two orders measured within noise there:
+// -7 % in one A/B, +0-2 % in the bench of the same call).
+inline int bwd_tail_pairs(int64_t pairs, int64_t tiles, int sms, bool masked) {
+  if (!masked || pairs < 1 || tiles < 1) return 0;
+  const int64_t g = (2 * int64_t(sms) + tiles - 1) / tiles;
+  return int(g < 1 ? 1 : g > pairs ? pairs : g);
+}
+
+}  // namespace flashattn::cuda
