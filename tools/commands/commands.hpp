@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -29,6 +30,7 @@ inline CLI::Validator number_above(double lowest, bool inclusive, const char* na
       name);
 }
 inline CLI::Validator positive_number() { return number_above(0, false, "POSITIVE"); }
+inline CLI::Validator non_negative_number() { return number_above(0, true, "NONNEGATIVE"); }
 // Sizes past int's range would saturate in the conversion and surface as a shape error elsewhere.
 inline CLI::Validator number_at_most(double highest, const char* name) {
   return CLI::Validator(
@@ -45,7 +47,6 @@ inline CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) { return text.empty() ? std::string("expected a value, got ''") : std::string(); },
                         "NONEMPTY");
 }
-inline CLI::Validator non_negative_number() { return number_above(0, true, "NONNEGATIVE"); }
 
 Command add_run_command(CLI::App& parent);
 Command add_check_command(CLI::App& parent);
