@@ -490,10 +490,8 @@ void launch_bwd_sm80(const BwdParams& p, void* stream) {
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const int rows = kDqMode ? p.seqlen_q : p.seqlen_k;
   const dim3 grid((kDqMode ? p.num_heads : p.num_heads_k) * p.batch, (rows + Shape::kRes - 1) / Shape::kRes);
-  BwdParams lp = p;
-  lp.tail_pairs = bwd_tail_pairs(grid.x, grid.y, multiprocessor_count(),
-                                 p.window_size_left >= 0 || p.window_size_right >= 0);
-  kernel<<<grid, Shape::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(lp);
+  kernel<<<grid, Shape::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
+      with_block_order(p, grid.x, grid.y, multiprocessor_count()));
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

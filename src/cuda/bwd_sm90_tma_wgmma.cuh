@@ -443,10 +443,8 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
   auto kernel = bwd_sm90_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  BwdParams lp = p;
-  lp.tail_pairs = bwd_tail_pairs(grid.x, grid.y, multiprocessor_count(),
-                                 p.window_size_left >= 0 || p.window_size_right >= 0);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(lp, tq, tk, tv, tdo);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      with_block_order(p, grid.x, grid.y, multiprocessor_count()), tq, tk, tv, tdo);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/grid_order.hpp"
+
 namespace flashattn::cuda {
 
 // What the backward kernels read; filled from detail::Params by bwd_sm80_launch.cu. Pointers are
@@ -54,6 +56,13 @@ struct BwdParams {
   int dq_accum_cols;
   int tail_pairs;  // (batch, head) pairs taken tile-major at the end of the grid (grouped_block())
 };
+
+// p as a backward kernel of a (pairs, tiles) grid on `sms` SMs takes it: tail_pairs set by
+// bwd_tail_pairs(), whose tail group only a mask (causal or a window) calls for.
+inline BwdParams with_block_order(BwdParams p, int64_t pairs, int64_t tiles, int sms) {
+  p.tail_pairs = bwd_tail_pairs(pairs, tiles, sms, p.window_size_left >= 0 || p.window_size_right >= 0);
+  return p;
+}
 
 // Floats per query row of the dq accumulator (see BwdParams): its tile columns, or head_dim.
 __host__ __device__ inline int dq_accum_row_floats(const BwdParams& p) {
