@@ -78,14 +78,14 @@ for pack in "${packs[@]}"; do
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/ab_tests_$rev.log" | sort -u | head -10
   # The forward suite again with at most 3 persistent blocks (a build that has the variable), so
   # that its small shapes send each block through several tiles; racecheck runs that way too.
-  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1
   timeout 300 "$dir/ab/test_cuda" --gtest_filter='*CudaForward*' > "$OUT/ab_tests_fwd3_$rev.log" 2>&1
   summary+=("$rev forward tests, 3 persistent blocks: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_fwd3_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_fwd3_$rev.log") failed")
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 "$dir/ab/test_cuda" \
     --gtest_filter='*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d*:*CudaBackward.*/bf16_varlen_517*:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq520_sk130_h40k8_d64' \
     > "$OUT/ab_racecheck_$rev.log" 2>&1
   summary+=("$rev racecheck: rc=$?, $(grep -m1 -E 'RACECHECK SUMMARY' "$OUT/ab_racecheck_$rev.log" || echo 'no summary')")
-  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS
+  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_FWD_WIDE
 done
 for side in "${sides[@]}"; do
   lib=${libs[$side]}

@@ -534,9 +534,9 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
   counter.ptr = ptr;
 }
 
-template <typename Elem, int kHeadDim>
-void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
-  using Cfg = typename FwdSm90Traits<kHeadDim>::Config;
+template <typename Elem, typename Cfg>
+void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k,
+                            void* stream) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t nb = varlen ? 1 : batch;
   const int hk = p.num_heads / p.head_ratio;
@@ -575,6 +575,23 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
                                                                                  int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Elem, int kHeadDim>
+void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
+  using Traits = FwdSm90Traits<kHeadDim>;
+  if constexpr (!std::is_same_v<typename Traits::Config, typename Traits::MaskedShort>) {
+    // FLASHATTN_CUDA_FWD_WIDE=1 (testing): Config whatever the mask, so that the test grid's short
+    // causal and window shapes reach it too.
+    static const bool wide = [] {
+      const char* v = std::getenv("FLASHATTN_CUDA_FWD_WIDE");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    const bool masked = p.window_size_left >= 0 || p.window_size_right >= 0;
+    if (masked && max_seqlen_q < Traits::kMaskedShortBelow && !wide)
+      return launch_fwd_sm90_config<Elem, typename Traits::MaskedShort>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+  }
+  launch_fwd_sm90_config<Elem, typename Traits::Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
 }
 
 }  // namespace flashattn::cuda

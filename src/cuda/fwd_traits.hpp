@@ -89,7 +89,8 @@ namespace flashattn::cuda {
 // staging buffer of Q's size where that still fits in 227 KB (the persistent grid, kPersistent).
 // Registers per consumer thread (240 after setmaxnreg, 232 persistent): S = block_n / 2, P = block_n / 4,
 // O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
-//   hdim 64:  block_n 128, 3 stages: 128 KB with O; S 64 + P 32 + O 32 registers.
+//   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
+//             S 64 + P 32 + O 32 registers (block_m 128 for short masked problems: 128 KB).
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128>
@@ -127,17 +128,29 @@ struct FwdSm90Config {
 
 template <int kHeadDim>
 struct FwdSm90Traits;
+// Config: the tile shape of the bucket. MaskedShort: the one used instead under a causal mask or a
+// window when seqlen_q < kMaskedShortBelow (the same type where there is no such choice).
+// head_dim 64 runs block_m 192 (three consumer warpgroups of 160 registers, as FA-3 does): its
+// softmax is issue-bound with two (ncu, perf-notes), and a third warpgroup gave +2-13 % from seqlen
+// 512 up; under a causal mask 192-row tiles waste more of the diagonal and are fewer to balance,
+// -9 to -12 % at seqlen 512-1024, even at 2048, ahead from 4096: there block_m stays 128.
 template <>
 struct FwdSm90Traits<64> {
   using Config = FwdSm90Config<64, 128, 3, 192>;
+  using MaskedShort = FwdSm90Config<64, 128, 3>;
+  static constexpr int kMaskedShortBelow = 4096;
 };
 template <>
 struct FwdSm90Traits<128> {
   using Config = FwdSm90Config<128, 128, 2>;
+  using MaskedShort = Config;
+  static constexpr int kMaskedShortBelow = 0;
 };
 template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 64, 2>;
+  using MaskedShort = Config;
+  static constexpr int kMaskedShortBelow = 0;
 };
 
 // Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the
