@@ -164,10 +164,12 @@ TEST(CudaValidation, PlanNamesTheKernel) {
 }
 
 // Backward limits, checked by plan() and backward() before anything runs, on views with far more
-// rows than any GPU could hold. The views must still pass validate()'s aliasing checks, which
-// compare byte ranges: every tensor moves into one small allocation, inputs first, with the long
-// inputs (k, v) at row stride 0 so that their ranges stay small, and outputs last, whose long
-// ranges then reach past the allocation's end but over no input. Nothing is ever launched on them.
+// rows than any GPU could hold. The views must still pass validate()'s aliasing checks: every
+// tensor moves into one small allocation, inputs first, with the long inputs (k, v) at row stride 0
+// so that their ranges stay small, and outputs last, whose long ranges then reach past the
+// allocation's end but over no input. dk and dv, both long, interleave their rows (row stride two
+// rows, dv one row after dk), which the exact element-overlap check accepts: no element is shared.
+// Nothing is ever launched on them.
 void expect_backward_refused(int64_t seqlen_k, const std::string& expect) {
   ProblemConfig c = small();
   c.batch = 1;
@@ -184,6 +186,8 @@ void expect_backward_refused(int64_t seqlen_k, const std::string& expect) {
         for (size_t i = 0; i < std::size(order); ++i) order[i]->data = static_cast<char*>(p) + i * kSlot;
         for (TensorView* t : {&a.k, &a.v, &a.dk, &a.dv}) t->shape[1] = seqlen_k;
         a.k.stride[1] = a.v.stride[1] = 0;
+        a.dk.stride[1] = a.dv.stride[1] = 2 * a.dk.stride[1];
+        a.dv.data = static_cast<char*>(a.dk.data) + a.dk.shape[3] * dtype_size(a.dk.dtype);
       },
       expect, Pass::backward);
 }
