@@ -7,9 +7,11 @@ shapes (Dao 2023, Sec. 4.1: batch * seqlen = 16384, model dim 2048, head_dim 64 
 (32 query / 8 KV heads, head_dim 128, seqlen 8192).
 
 TFLOP/s = FLOPs / median time with FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * head_dim,
-halved for causal, times 2.5 for the backward (FA-2's convention). Medians from
-triton.testing.do_bench (CUDA events, warm-up first, L2 flushed between runs). Inputs are fresh
-N(0, 1) draws, never zeros.
+halved for causal, times 2.5 for the backward (FA-2's convention). Times from
+triton.testing.do_bench (CUDA events, warm-up first, L2 flushed between runs, median), taken in
+--rounds interleaved rounds per shape (each contender once per round, the order rotated) and the
+median of the rounds kept, so that the GPU's clock drift under its power cap does not decide the
+ratios. Inputs are fresh N(0, 1) draws, never zeros.
 
 Writes bench.json, bench.md (a markdown table) and bench.png (TFLOP/s per shape) to --out, and
 prints the table last. Usage:
@@ -21,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -164,7 +167,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="bf16 only, seqlen 1k/4k/16k, fewer repeats")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--flex-seqlens", default="2048,8192", help="seqlens on which FlexAttention runs ('' = none)")
-    ap.add_argument("--rep-ms", type=float, default=60.0)
+    ap.add_argument("--rep-ms", type=float, default=60.0, help="measuring time per (contender, pass), split over --rounds")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds per shape (contenders in rotated order each round; the median is kept)")
     ap.add_argument("--ours-variants", default="", help="also time these FLASHATTN_FWD_VARIANT values (sweep builds)")
     ap.add_argument("--peers", default="fa2,cudnn,flex", help="which peers to run")
     ap.add_argument("--ours-sm80", action="store_true", help="also time our sm80 forward on a Hopper GPU")
@@ -214,7 +219,7 @@ def main():
     dev = torch.cuda.get_device_properties(0)
     meta = {"device": dev.name, "sms": dev.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": max(1, args.rounds)}
     try:
         import triton
 
@@ -227,11 +232,18 @@ def main():
             for causal in causals:
                 q, k, v, do = make_inputs(b, s, h, hk, d, dtype)
                 ref_out = None
+                # The H200 runs power-capped (nvidia-smi: SW power cap, the SM clock 1755 of 1980 MHz
+                # under this load), so its clock drifts within a run: one kernel measured 416 and
+                # 462 us a few seconds apart. Timing each contender once, one after the other, lets
+                # that drift decide ratios near 1; instead every contender is timed in each of
+                # --rounds rounds, in rotated order, and keeps the median of its rounds.
+                runs = []  # (cname, rec, fwd, bwd, fwd times, bwd times)
                 for cname, make in contenders.items():
                     if cname == "flex" and s not in flex_seqlens:
                         continue
                     rec = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "batch": b, "seqlen": s,
                            "heads": h, "heads_k": hk, "head_dim": d, "causal": causal, "impl": cname}
+                    rows.append(rec)
                     try:
                         fwd, bwd = make(q, k, v, do, causal)
                         o = fwd()
@@ -240,17 +252,34 @@ def main():
                         if ref_out is None and cname == "fa2":
                             ref_out = o.float()
                         rec["out"] = o.float()
-                        t = do_bench(fwd, warmup=10, rep=args.rep_ms, return_mode="median")
-                        rec["fwd_ms"] = t
-                        rec["fwd_tflops"] = attention_flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
-                        if not args.no_bwd:
-                            t = do_bench(bwd, warmup=10, rep=args.rep_ms, return_mode="median")
-                            rec["bwd_ms"] = t
-                            rec["bwd_tflops"] = attention_flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
+                        runs.append((cname, rec, fwd, bwd, [], []))
                     except Exception as e:
                         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                    rows.append(rec)
-                    torch.cuda.empty_cache()
+                rounds = max(1, args.rounds)
+                for rnd in range(rounds):
+                    for cname, rec, fwd, bwd, tf, tb in runs[rnd % max(1, len(runs)):] + runs[:rnd % max(1, len(runs))]:
+                        if "error" in rec:
+                            continue
+                        try:
+                            tf.append(do_bench(fwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
+                            if not args.no_bwd:
+                                tb.append(do_bench(bwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
+                        except Exception as e:
+                            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                for cname, rec, fwd, bwd, tf, tb in runs:
+                    if "error" in rec:
+                        continue
+                    t = statistics.median(tf)
+                    rec["fwd_ms"] = t
+                    rec["fwd_ms_rounds"] = tf
+                    rec["fwd_tflops"] = attention_flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
+                    if tb:
+                        t = statistics.median(tb)
+                        rec["bwd_ms"] = t
+                        rec["bwd_ms_rounds"] = tb
+                        rec["bwd_tflops"] = attention_flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
+                del runs
+                torch.cuda.empty_cache()
                 # Agreement with FA-2 (a sanity check, not the accuracy test: tests/cuda does that).
                 for rec in rows:
                     o = rec.pop("out", None)
@@ -266,7 +295,8 @@ def main():
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     impls = list(contenders)
     md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
-          "TFLOP/s (median; fwd / bwd). FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
+          f"TFLOP/s (fwd / bwd; median of {meta['rounds']} interleaved rounds of do_bench medians). "
+          "FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
           "| shape | dtype | causal | " + " | ".join(impls) +
           " | ours/fa2 fwd | ours/fa2 bwd | ours/cudnn fwd | ours/cudnn bwd |",
           "|---|---|---|" + "---|" * (len(impls) + 4)]
