@@ -58,14 +58,21 @@ if [ "$mode" = build ]; then
   cp build-gpu/tests/cuda/test_cuda $DIST/
   cp build-gpu/tests/python/libflashattn.so $DIST/  # flashattn_add_python_library(): the wheel's link
   cp "$(g++ -print-file-name=libgomp.so.1)" $DIST/
-  grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.txt || true
+  # ptxas.txt: the report of the sm90 kernels built last. An incremental build that recompiled none of
+  # them keeps the previous report (those kernels did not change), so the check below always sees it.
+  grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.new || true
+  if grep -q "sm90_kernel" $DIST/ptxas.new || [ ! -s $DIST/ptxas.txt ]; then
+    mv $DIST/ptxas.new $DIST/ptxas.txt
+  else
+    rm -f $DIST/ptxas.new
+  fi
   # Eigen (header-only, a Debian package here) for `run install`: the GPU machine has no apt.
   eigen_cfg=$(dirname "$(find /usr/share/eigen3 /usr/lib/cmake -name Eigen3Config.cmake 2>/dev/null | head -1)")
   tar cJf $DIST/eigen.tar.xz --transform 's,^,eigen/,' -C / "${eigen_cfg#/}" usr/include/eigen3
   # The sm90 kernels' setmaxnreg split (sm90_utils.cuh, fwd_traits.hpp) needs exactly the register
   # count at entry it was computed for; any other count would make the consumers wait forever for
   # registers (a hang, not an error).
-  bad=$(awk -f scripts/sm90_entry_regs.awk build-gpu/build.log)
+  bad=$(awk -v require=1 -f scripts/sm90_entry_regs.awk $DIST/ptxas.txt)
   if [ -n "$bad" ]; then
     echo "gpu_check: an sm90 kernel was not built with the registers at entry its split assumes; refusing to run it:"
     echo "$bad"

@@ -1,12 +1,22 @@
 # Reads ptxas -v output; prints each sm90 kernel (sm_90a pass) whose register count at entry is not
-# what its setmaxnreg split assumes: 65536 / threads rounded down to 8, i.e. 168 for the
-# 384-thread kernels and 128 for the 512-thread forward with block_m 192 (three consumer
-# warpgroups; fwd_traits.hpp kEntryRegs). Any other count makes setmaxnreg.inc wait forever.
+# what its setmaxnreg split assumes: 65536 / threads rounded down to 8 (fwd_traits.hpp kEntryRegs),
+# with 128 · (1 + block_m / 64) threads for the forward (block_m is FwdSm90Config's fourth argument)
+# and 384 for the backward: 168 for the 384-thread kernels, 128 for the 512-thread forward. Any other
+# count makes setmaxnreg.inc wait forever. With -v require=1 it also fails when the input holds no
+# sm90 kernel at all (a report of nothing is not a pass).
 /Compiling entry/ {
   name = ""
   if ($0 ~ /(fwd|bwd)_sm90_kernel/ && $0 ~ /'sm_90a'/) {
     name = $0
-    want = ($0 ~ /FwdSm90ConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi192EE/) ? 128 : 168
+    threads = 384
+    if (match($0, /FwdSm90ConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+EE/)) {
+      cfg = substr($0, RSTART, RLENGTH)
+      n = split(cfg, parts, "ELi")
+      block_m = parts[n] + 0  # "192EE" -> 192
+      threads = 128 * (1 + block_m / 64)
+    }
+    want = int(int(65536 / threads) / 8) * 8
+    seen++
   }
   next
 }
@@ -15,4 +25,7 @@ name != "" && /Used [0-9]+ registers/ {
   n = substr($0, RSTART + 5, RLENGTH - 15) + 0
   if (n != want) print "expected " want " registers at entry, got " n ": " name
   name = ""
+}
+END {
+  if (require && seen == 0) print "no sm90 kernel in the ptxas report (nothing was checked)"
 }

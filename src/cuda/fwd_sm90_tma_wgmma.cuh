@@ -1,12 +1,13 @@
 // FlashAttention forward on Hopper (sm_90a) with TMA, mbarriers, wgmma and warp specialization
 // (FlashAttention-3, Shah et al. 2024, Sec. 3.1 and Alg. 1-2).
 //
-// A tile is block_m = 128 query rows of one (batch, head); a block goes through one or (a
-// persistent grid) several tiles with three warpgroups:
+// A tile is block_m query rows of one (batch, head) (128, or 192 at head_dim 64: fwd_traits.hpp);
+// a block goes through one or (a persistent grid) several tiles with 1 + block_m / 64 warpgroups:
 //   - the producer (warpgroup 0, 24 or, persistent, 32 registers after setmaxnreg) issues one
 //     thread's TMA copies of each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each
 //     completing on a "full" mbarrier, and waits on "empty" mbarriers before reusing a buffer;
-//   - two consumers (240 or, persistent, 232 registers each) own 64 query rows each (wgmma's M).
+//   - two or three consumers (240, persistent 232, or with three 160 registers each) own 64 query
+//     rows each (wgmma's M).
 //     Per key tile: S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
@@ -192,11 +193,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
     const float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
     // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
-    // warpgroup's softmax runs while the other's GEMMs own the tensor cores. Named barrier 2 + w
-    // is warpgroup w's turn: it waits there (128 threads) for the other's 128 arrivals. The turns
-    // run on across tiles (warpgroup 0 opens each tile's after warpgroup 1 closed the previous
-    // one's), so that neither warpgroup arrives twice on a barrier the other has not passed.
-    // With three consumers the turn goes round: 0, 1, 2, 0, ...
+    // warpgroup's softmax runs while another's GEMMs own the tensor cores. Named barrier 2 + w is
+    // warpgroup w's turn: it waits there (128 threads) for the 128 arrivals of the warpgroup before
+    // it in the round 0, 1, (2,) 0, ... The turns run on across tiles (warpgroup 0 opens each
+    // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
+    // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (lane == 0) mbar_arrive(bar);
         };
         // A varlen tile that crosses the sequence end holds the next sequence's V rows: zero them
-        // (both consumer warpgroups share the work, then meet on named barrier 1).
+        // (all consumer warpgroups share the work, then meet on named barrier 1).
         auto prepare_v = [&](int nb, int stage) {
           const int valid = len_k - nb * BN;
           if (!varlen || valid >= BN) return;

@@ -83,12 +83,13 @@ void launch_fwd_sm80_config(const FwdParams& p, int batch, int max_seqlen_q, voi
 
 namespace flashattn::cuda {
 
-// Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 query rows as
-// two consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing TMA, and kStages
-// K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes, plus an O
-// staging buffer of Q's size where that still fits in 227 KB (the persistent grid, kPersistent).
-// Registers per consumer thread (240 after setmaxnreg, 232 persistent): S = block_n / 2, P = block_n / 4,
-// O = head_dim / 2, so block_n shrinks as head_dim grows (FA-3's tile_size.h makes the same trade).
+// Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 (or 192) query
+// rows as two (three) consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing
+// TMA, and kStages K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes,
+// plus an O staging buffer of Q's size where that still fits in 227 KB (the persistent grid,
+// kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent, 160 with three
+// consumers): S = block_n / 2, P = block_n / 4, O = head_dim / 2, so block_n shrinks as head_dim
+// grows (FA-3's tile_size.h makes the same trade).
 //   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
 //             S 64 + P 32 + O 32 registers (block_m 128 for short masked problems: 128 KB).
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
@@ -109,11 +110,11 @@ struct FwdSm90Config {
   // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
   static constexpr int kOBytes = 2 * kQBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kQBytes : 0;
   static constexpr bool kPersistent = kOBytes > 0;
-  // setmaxnreg split (sm90_utils.cuh; the kernel checks it against the 168 entry registers): a
-  // persistent producer carries its tile loop's state (tile, ring index, counts) and needs 32
-  // registers (with 24 it spilled one at head_dim 128); its consumers then get 232.
-  // The consumers share what the producer gives back (setmaxnreg.inc waits for the pool): 240 / 232
-  // with two consumer warpgroups, 160 with three.
+  // setmaxnreg split (sm90_utils.cuh; checked against kEntryRegs below and by
+  // scripts/sm90_entry_regs.awk): a persistent producer carries its tile loop's state (tile, ring
+  // index, counts) and needs 32 registers (with 24 it spilled one at head_dim 128). The consumers
+  // share what the producer gives back (setmaxnreg.inc waits for the pool): 240 / 232 with two
+  // consumer warpgroups, 160 with three.
   static constexpr int kProducerRegs = kPersistent ? 32 : 24;
   static constexpr int kConsumerRegs =
       (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8 > 240
