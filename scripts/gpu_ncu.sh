@@ -9,13 +9,18 @@
 # third launch of the kernel whose name matches KERNEL_REGEX with the full section set (clocks at
 # base, as ncu locks them). $OUT gets NAME.txt (the details page: speed of light, memory, scheduler
 # and warp-state statistics, occupancy, launch), NAME.stalls.txt (bench/gpu/ncu_stalls.py: cycles
-# per stall reason and the SASS instructions with the most warp samples) and ncu-reports.tgz (the
+# per stall reason, the SASS instructions with the most warp samples and the executed instructions
+# by opcode) and ncu-reports.tgz (the
 # NAME.ncu-rep reports to open in Nsight Compute, logs and CSVs); a short table of each profile's
 # headline metrics is printed last.
 # Default: the head_dim 128 backward and forward at bf16 batch 8, seqlen 2048, 16 heads, and the
 # head_dim 64 backward and forward at batch 16, seqlen 1024, 32 heads (the FlashAttention-2 paper
 # shapes where BENCHMARKS.md has us furthest behind cuDNN at seqlen >= 1024).
-# Carry build-gpu/dist (scripts/gpu_check.sh build).
+# Carry build-gpu/dist (scripts/gpu_check.sh build). NCU_PACK=.carry/ab-REV.tar.xz (scripts/gpu_ab.sh
+# build REV; carry .carry too) profiles that pack's library instead of build-gpu/dist's, e.g. to see
+# a branch's executed-instruction counts next to main's. NCU_KEEP_REPORTS=0 leaves the report
+# archive out of $OUT (the device returns few files; four profiles already make eight).
+
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case ${1:-} in
@@ -30,6 +35,14 @@ OUT=${OUT:-$PWD/gpu-ncu-out}
 mkdir -p "$OUT"
 DIST=$PWD/build-gpu/dist
 export LD_LIBRARY_PATH="$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+LIB=$DIST/libflashattn.so
+if [ -n "${NCU_PACK:-}" ]; then
+  [ -f "$NCU_PACK" ] || { echo "gpu_ncu: NCU_PACK: expected a pack from scripts/gpu_ab.sh build, got '$NCU_PACK'" >&2; exit 2; }
+  packdir=$(mktemp -d)
+  tar xJf "$NCU_PACK" -C "$packdir"
+  LIB=$packdir/ab/libflashattn.so
+  echo "gpu_ncu: profiling $(cat "$packdir/ab/REV" 2>/dev/null || echo "$NCU_PACK")'s library"
+fi
 tmp=$(mktemp -d)  # reports, logs and CSVs: packed into one archive at the end (the device returns few files)
 profiles=("$@")
 if [ ${#profiles[@]} -eq 0 ]; then
@@ -46,7 +59,7 @@ for prof in "${profiles[@]}"; do
     exit 2
   fi
   start=$(date +%s)
-  FLASHATTN_LIBRARY=$DIST/libflashattn.so PYTHONPATH=$PWD/python timeout 300 \
+  FLASHATTN_LIBRARY=$LIB PYTHONPATH=$PWD/python timeout 300 \
     ncu --target-processes all -k "regex:$regex" --launch-skip 2 --launch-count 1 --set full \
     -f -o "$OUT/$name" python3 bench/gpu/kernel_times.py --iters 3 ${args//,/ } > "$OUT/$name.log" 2>&1
   rc=$?
@@ -61,5 +74,6 @@ for prof in "${profiles[@]}"; do
     "$name" "$rc" "$(( $(date +%s) - start ))" "$(pick Duration)" "$(pick 'Compute \(SM\) Throughput')" \
     "$(pick 'Memory Throughput')" "$(pick 'Issue Slots Busy')" "$(pick 'Eligible Warps Per Scheduler')")")
 done
-tar czf "$OUT/ncu-reports.tgz" -C "$tmp" . && rm -rf "$tmp"
+if [ "${NCU_KEEP_REPORTS:-1}" != 0 ]; then tar czf "$OUT/ncu-reports.tgz" -C "$tmp" .; fi
+rm -rf "$tmp"
 printf '%s\n' "${summary[@]}"
