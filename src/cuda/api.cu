@@ -91,10 +91,7 @@ int device_cc(int device) {
 
 // FLASHATTN_CUDA_FWD=sm80 / FLASHATTN_CUDA_BWD=sm80 force the sm80 kernels on a Hopper GPU (tests
 // and benchmarks cover both paths on one machine).
-bool forced_sm80(const char* env) {
-  const char* force = std::getenv(env);
-  return force != nullptr && std::string(force) == "sm80";
-}
+bool forced_sm80(const char* env) { return env_is(env, "sm80"); }
 
 // Whether the current device runs the sm_90a image (exactly compute capability 9.0).
 bool on_sm90() {

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -43,6 +45,13 @@ inline void set_max_dynamic_smem(const void* kernel, int bytes) {
   if (done.count({kernel, device, bytes}) != 0) return;
   FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   done.insert({kernel, device, bytes});
+}
+
+// Whether environment variable `name` is set to exactly `value` (the testing switches:
+// FLASHATTN_CUDA_FWD / _BWD=sm80, FLASHATTN_CUDA_FWD_WIDE=1).
+inline bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
 
 // The current device's multiprocessor count, read once per device (persistent grids are sized by it).

@@ -584,10 +584,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   if constexpr (!std::is_same_v<typename Traits::Config, typename Traits::MaskedShort>) {
     // FLASHATTN_CUDA_FWD_WIDE=1 (testing): Config whatever the mask, so that the test grid's short
     // causal and window shapes reach it too.
-    static const bool wide = [] {
-      const char* v = std::getenv("FLASHATTN_CUDA_FWD_WIDE");
-      return v != nullptr && std::string(v) == "1";
-    }();
+    static const bool wide = env_is("FLASHATTN_CUDA_FWD_WIDE", "1");
     const bool masked = p.window_size_left >= 0 || p.window_size_right >= 0;
     if (masked && max_seqlen_q < Traits::kMaskedShortBelow && !wide)
       return launch_fwd_sm90_config<Elem, typename Traits::MaskedShort>(p, batch, max_seqlen_q, rows_q, rows_k, stream);

@@ -2,6 +2,7 @@
 // struct the kernel receives by value. Tuning these changes speed, never results.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace flashattn::cuda {
@@ -117,9 +118,7 @@ struct FwdSm90Config {
   // consumer warpgroups, 160 with three.
   static constexpr int kProducerRegs = kPersistent ? 32 : 24;
   static constexpr int kConsumerRegs =
-      (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8 > 240
-          ? 240
-          : (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8;
+      std::min(240, (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8);
   static_assert(128 * (kEntryRegs - kProducerRegs) >= 128 * kConsumerWarpgroups * (kConsumerRegs - kEntryRegs),
                 "setmaxnreg: the consumers would wait for registers the producer never frees");
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
