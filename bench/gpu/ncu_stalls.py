@@ -48,20 +48,26 @@ def stalls(path):
                 print(f"  {name:<28} {v:6.2f}  {100 * v / total:5.1f} %")
 
 
-def hot_instructions(path, top=40):
+def source_table(path):
+    """The source page's header and its SASS rows (those with a cell per column), or None."""
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
     header = next((r for r in rows if "Source" in r), None)
     if header is None:
         print(f"{path}: no Source column")
-        return
+        return None
+    return header, [r for r in rows[rows.index(header) + 1:] if len(r) == len(header)]
+
+
+def hot_instructions(table, top=40):
+    header, rows = table
     src = header.index("Source")
     cols = [i for i, h in enumerate(header) if "sampl" in h.lower() or "stall" in h.lower()]
     if not cols:
-        print(f"{path}: no sampling columns in {header}")
+        print(f"no sampling columns in {header}")
         return
     key = cols[0]
-    body = [r for r in rows[rows.index(header) + 1:] if len(r) == len(header) and number(r[key]) is not None]
+    body = [r for r in rows if number(r[key]) is not None]
     total = sum(number(r[key]) for r in body) or 1.0
     print(f"top {top} instructions by '{header[key]}' (of {total:.0f} samples); columns: "
           + ", ".join(header[i] for i in cols))
@@ -77,12 +83,8 @@ def opcode(sass):
     return words[0].split(".")[0] if words else "?"
 
 
-def opcode_mix(path, top=25):
-    with open(path, newline="") as f:
-        rows = [r for r in csv.reader(f) if r]
-    header = next((r for r in rows if "Source" in r), None)
-    if header is None:
-        return
+def opcode_mix(table, top=25):
+    header, rows = table
     src = header.index("Source")
     col = next((i for i, h in enumerate(header) if h.strip().lower() == "instructions executed"), None)
     if col is None:
@@ -91,11 +93,10 @@ def opcode_mix(path, top=25):
         print(f"no 'Instructions Executed' column; columns: {', '.join(header)}")
         return
     counts = {}
-    for r in rows[rows.index(header) + 1:]:
-        if len(r) != len(header) or number(r[col]) is None:
-            continue
-        op = opcode(r[src])
-        counts[op] = counts.get(op, 0.0) + number(r[col])
+    for r in rows:
+        if number(r[col]) is not None:
+            op = opcode(r[src])
+            counts[op] = counts.get(op, 0.0) + number(r[col])
     total = sum(counts.values()) or 1.0
     print(f"executed instructions by opcode ('{header[col]}', {total:,.0f} warp instructions in all):")
     for op, n in sorted(counts.items(), key=lambda p: -p[1])[:top]:
@@ -107,5 +108,7 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     stalls(sys.argv[1])
     if len(sys.argv) == 3:
-        hot_instructions(sys.argv[2])
-        opcode_mix(sys.argv[2])
+        table = source_table(sys.argv[2])
+        if table is not None:
+            hot_instructions(table)
+            opcode_mix(table)
