@@ -137,11 +137,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     setmaxnreg_inc<kConsumerRegs>();
-    const int cw = threadIdx.x / 128 - 1;  // keys cw*64 .. cw*64+63 of the block
+    // Read from lane 0 so that the compiler knows it is warp-uniform and keeps what derives from it
+    // (shared-memory addresses, wgmma descriptors) in uniform registers.
+    const int cw = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;  // keys cw*64 .. cw*64+63 of the block
     const int ctid = threadIdx.x - 128;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t4 = lane % 4;
     const int kr0 = cw * 64 + warp * 16 + g;  // this thread's key rows: kr0 and kr0 + 8
+    // K-major descriptors of this consumer's 64 key rows of K and V (the A of Sᵀ and dPᵀ).
+    const uint64_t dk_mine = make_desc(sK + cw * 64 * 128, 16, 1024), dv_mine = make_desc(sV + cw * 64 * 128, 16, 1024);
 
     // dK and dV start from the first step's products (wgmma scale-d = 0), not from zeros: with
     // zero-filled accumulators ptxas kept them in local memory across the step loop (stores at
@@ -211,18 +215,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: M = this warpgroup's 64 keys, N = 64 queries, K = head_dim.
         float st[BM / 2], dp[BM / 2];
+        const uint64_t dq_desc = make_desc(sQ(s), 16, 1024), ddo_desc = make_desc(sDO(s), 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t ka = (kk / 4) * BN * 128 + cw * 64 * 128 + (kk % 4) * 32;
+          const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
           const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
-          Wgmma<Elem, BM>::ss(st, make_desc(sK + ka, 16, 1024), make_desc(sQ(s) + qa, 16, 1024), kk > 0);
+          Wgmma<Elem, BM>::ss(st, desc_advance(dk_mine, ka), desc_advance(dq_desc, qa), kk > 0);
         }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t ka = (kk / 4) * BN * 128 + cw * 64 * 128 + (kk % 4) * 32;
+          const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
           const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
-          Wgmma<Elem, BM>::ss(dp, make_desc(sV + ka, 16, 1024), make_desc(sDO(s) + qa, 16, 1024), kk > 0);
+          Wgmma<Elem, BM>::ss(dp, desc_advance(dv_mine, ka), desc_advance(ddo_desc, qa), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -306,13 +311,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
 
         // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).
+        const uint64_t do_mn = make_desc(sDO(s), BM * 128, 1024), q_mn = make_desc(sQ(s), BM * 128, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-          Wgmma<Elem, D>::rs(dv, pf[kk], make_desc(sDO(s) + kk * 16 * 128, BM * 128, 1024), t > 0 || kk > 0);
+          Wgmma<Elem, D>::rs(dv, pf[kk], desc_advance(do_mn, kk * 16 * 128), t > 0 || kk > 0);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
-          Wgmma<Elem, D>::rs(dk, dsf[kk], make_desc(sQ(s) + kk * 16 * 128, BM * 128, 1024), t > 0 || kk > 0);
+          Wgmma<Elem, D>::rs(dk, dsf[kk], desc_advance(q_mn, kk * 16 * 128), t > 0 || kk > 0);
         wgmma_commit();
 
         if (t + 1 < iters) store_stats(t + 1, next_stat);
@@ -327,13 +333,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         named_barrier_sync(1, 256);
         const int col0 = kDqSplitN ? cw * 64 : 0;
         float dq[32];
+        const uint64_t ds_desc = make_desc(kDqSplitN ? sDS : sDS + cw * BN * 128, 1024, 1024);
+        const uint64_t k_mn = make_desc(kDqSplitN ? sK + cw * BN * 128 : sK, BN * 128, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          const uint32_t a = kDqSplitN ? sDS + kk * 16 * 128 : sDS + cw * BN * 128 + kk * 16 * 128;
-          const uint32_t bk = kDqSplitN ? sK + cw * BN * 128 + kk * 16 * 128 : sK + kk * 16 * 128;
-          Wgmma<Elem, 64>::tt(dq, make_desc(a, 1024, 1024), make_desc(bk, BN * 128, 1024), kk > 0);
-        }
+        for (int kk = 0; kk < BN / 16; ++kk)
+          Wgmma<Elem, 64>::tt(dq, desc_advance(ds_desc, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
         wgmma_commit();
         wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
 #pragma unroll

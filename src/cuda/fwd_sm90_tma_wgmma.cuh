@@ -184,10 +184,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63
+    // Read from lane 0 so that the compiler knows it is warp-uniform and keeps what derives from it
+    // (shared-memory addresses, wgmma descriptors) in uniform registers.
+    const int cw = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;  // query rows cw*64 .. cw*64+63
+
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+    const uint64_t q_mine = make_desc(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's Q rows (K-major)
 
     // As in the sm80 kernel: softcap, ALiBi or a negative scale scale the scores first.
     const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
@@ -242,24 +246,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
         // every 4 steps to the next 64-column panel.
         auto issue_qk = [&](int stage) {
+          const uint64_t k_desc = make_desc(sK + stage * Cfg::kKVBytes, 16, 1024);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qa = sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32;
-            const uint32_t ka = sK + stage * Cfg::kKVBytes + (kk / 4) * BN * 128 + (kk % 4) * 32;
-            Wgmma<Elem, BN>::ss(s, make_desc(qa, 16, 1024), make_desc(ka, 16, 1024), kk > 0);
+            const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
+            const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
+            Wgmma<Elem, BN>::ss(s, desc_advance(q_mine, qa), desc_advance(k_desc, ka), kk > 0);
           }
           wgmma_commit();
         };
         // O += P V(stage): block_n / 16 k-steps of 16 key rows (2048 bytes) each; V is MN-major
         // with its 64-column panels block_n · 128 bytes apart.
         auto issue_pv = [&](int stage) {
+          const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, BN * 128, 1024);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint32_t va = sV + stage * Cfg::kKVBytes + kk * 16 * 128;
-            Wgmma<Elem, D>::rs(o, pf[kk], make_desc(va, BN * 128, 1024), 1);
-          }
+          for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, D>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
           wgmma_commit();
         };
         auto fence_s = [&] {
