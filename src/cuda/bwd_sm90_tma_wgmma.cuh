@@ -314,16 +314,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             pf[kk][r] = pack2<Elem>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
             dsf[kk][r] = pack2<Elem>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
           }
-        // dSᵀ [keys][queries] in 64-query panels of 128-byte rows (the Q tile's swizzle).
+        // dSᵀ [keys][queries] in 64-query panels of 128-byte rows (the Q tile's swizzle), by
+        // stmatrix: dsf[kk] holds the fragments of the 8 x 8 blocks (key rows +0 / +8, queries
+        // 16kk + 0..7 / 8..15) in the order stmatrix takes them, so lane l gives the 16-byte row
+        // (key warp·16 + l % 8 + 8·(l / 8 % 2), query chunk 2kk + l / 16).
         const uint32_t sDS = sDS0 + (t % Cfg::kDsBuffers) * Cfg::kDsBytes;
+        const int ds_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = kr0 + hr * 8;
-            *reinterpret_cast<uint32_t*>(gptr(sDS) + swizzled_chunk<BN>(r, j) + 4 * t4) =
-                dsf[j / 2][(j & 1) * 2 + hr];
-          }
+        for (int kk = 0; kk < BM / 16; ++kk)
+          stmatrix_x4(sDS + swizzled_chunk<BN>(ds_row, 2 * kk + (lane >> 4)), dsf[kk][0], dsf[kk][1], dsf[kk][2],
+                      dsf[kk][3]);
         fence_proxy_async();
 
         // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).

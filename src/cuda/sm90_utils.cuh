@@ -113,6 +113,15 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// stmatrix .x4: four 8 x 8 b16 matrices from the warp's mma-fragment registers (lane i holds row i / 4,
+// columns 2·(i % 4) and + 1 of each), row r of matrix q written at the address lane 8q + r gives:
+// one instruction for what takes four 4-byte stores.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Orders this thread's ordinary shared-memory writes before later async-proxy (wgmma, TMA) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
