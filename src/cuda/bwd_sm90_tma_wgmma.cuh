@@ -230,6 +230,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: M = this warpgroup's 64 keys, N = 64 queries, K = head_dim.
+        // Consumer 1 issues its products after consumer 0's (named barrier 14), so that the tensor
+        // cores run them one after the other instead of interleaved: consumer 0's come back half
+        // way and its element-wise phase runs under consumer 1's products (FA-3's pingpong, for
+        // one product pair per step; the dSᵀ rendezvous below realigns them every step).
+        if (cw == 1) named_barrier_sync(14, 256);
         float st[BM / 2], dp[BM / 2];
         const uint64_t dq_desc = make_desc(sQ(s), 16, 1024), ddo_desc = make_desc(sDO(s), 16, 1024);
         wgmma_fence();
@@ -246,6 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Wgmma<Elem, BM>::ss(dp, desc_advance(dv_mine, ka), desc_advance(ddo_desc, qa), kk > 0);
         }
         wgmma_commit();
+        if (cw == 0) named_barrier_arrive(14, 256);
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) {
