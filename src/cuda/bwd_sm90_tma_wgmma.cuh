@@ -353,6 +353,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // that before the barrier that also publishes both consumers' dSᵀ.
         if (tid == 0) bulk_wait_read<0>();
         named_barrier_sync(1, 256);
+        if (cw == 1) named_barrier_sync(15, 256);  // dQ in the same order as Sᵀ / dPᵀ (barrier 14)
         const int col0 = kDqSplitN ? cw * 64 : 0;
         float dq[32];
         const uint64_t ds_desc = make_desc(kDqSplitN ? sDS : sDS + cw * BN * 128, 1024, 1024);
@@ -362,6 +363,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int kk = 0; kk < BN / 16; ++kk)
           Wgmma<Elem, 64>::tt(dq, desc_advance(ds_desc, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
         wgmma_commit();
+        if (cw == 0) named_barrier_arrive(15, 256);
         wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) {
