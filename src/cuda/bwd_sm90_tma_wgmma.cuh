@@ -15,6 +15,10 @@
 //       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
 //                                                  the fp32 tile goes out as one bulk reduce-add
 //     dK = scale · dK at the end.
+//     The consumers issue their products in a fixed order each step (consumer 0 first: named
+//     barriers 14 for Sᵀ / dPᵀ, 15 for dQ), so that the tensor cores finish one consumer's products
+//     half way and its element-wise phase runs under the other's (FA-3's pingpong, for a step whose
+//     dSᵀ rendezvous realigns the two anyway).
 // head_dim 128 splits the dQ product's columns between the two consumers, head_dim 64 (128-query
 // steps) its two 64-query tiles: either way each consumer reads all 128 keys of dSᵀ (so they meet
 // on a named barrier) and the block adds one dQ over all its keys, BM x head_dim floats per step.
