@@ -11,7 +11,9 @@
 #                                   AB_SHAPES (default fa2paper_d64), bf16, FA-2 as the common peer,
 #                                   and bench/gpu/kernel_times.py at AB_KERNEL_ARGS, with main's
 #                                   library and with each REV's, one after the other in one process
-#                                   group.
+#                                   group. A pack whose tests fail or time out (AB_TEST_TIMEOUT
+#                                   seconds, default 300; lower it for a change that might hang)
+#                                   gets no racecheck and no bench.
 # Logs go to $OUT; the benches' tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,9 +75,16 @@ for pack in "${packs[@]}"; do
   rev=$(cat "$dir/ab/REV")
   sides+=("$rev")
   libs[$rev]=$dir/ab/libflashattn.so
-  timeout 300 "$dir/ab/test_cuda" --gtest_filter='*CudaBackward*:*CudaForward*' > "$OUT/ab_tests_$rev.log" 2>&1
-  summary+=("$rev tests: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_$rev.log") failed")
+  timeout "${AB_TEST_TIMEOUT:-300}" "$dir/ab/test_cuda" --gtest_filter='*CudaBackward*:*CudaForward*' > "$OUT/ab_tests_$rev.log" 2>&1
+  rc=$?
+  summary+=("$rev tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_$rev.log") failed")
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/ab_tests_$rev.log" | sort -u | head -10
+  if [ $rc -ne 0 ]; then
+    # A failing or hanging change is not benchmarked: the device time goes to the other packs.
+    summary+=("$rev: tests failed (rc=$rc; 124 = timed out, a hang?): no racecheck or bench; last test started: $(grep -E '^\[ RUN      \]' "$OUT/ab_tests_$rev.log" | tail -1)")
+    sides=("${sides[@]/$rev}")
+    continue
+  fi
   # The forward suite again with at most 3 persistent blocks (a build that has the variable), so
   # that its small shapes send each block through several tiles; racecheck runs that way too.
   export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1
@@ -88,6 +97,7 @@ for pack in "${packs[@]}"; do
   unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_FWD_WIDE
 done
 for side in "${sides[@]}"; do
+  [ -n "$side" ] || continue
   lib=${libs[$side]}
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 200 python3 bench/gpu/bench_attention.py --out "$OUT/bench_$side" \
     --shapes "${AB_SHAPES:-fa2paper_d64}" --dtypes bfloat16 --peers fa2 --flex-seqlens '' --rep-ms 40 \
@@ -96,6 +106,7 @@ for side in "${sides[@]}"; do
     2>/dev/null | grep -A8 "== ours" > "$OUT/kernels_$side.log"
 done
 for side in "${sides[@]}"; do
+  [ -n "$side" ] || continue
   echo "== $side"
   grep "<-" "$OUT/bench_$side.log"
   cut -c1-120 "$OUT/kernels_$side.log"
