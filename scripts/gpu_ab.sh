@@ -6,8 +6,8 @@
 #                                   and libflashattn.so (sm_90a, cudart static) packed into
 #                                   .carry/ab-REV.tar.xz (~5 MB each; earlier packs are removed;
 #                                   carry .carry and build-gpu/dist).
-#   scripts/gpu_ab.sh run           there: for each pack, REV's backward and forward GPU suites and
-#                                   racecheck on a small subset; then bench/gpu/bench_attention.py on
+#   scripts/gpu_ab.sh run           there: for each pack, REV's backward and forward GPU suites
+#                                   (again with 3 persistent blocks) and racecheck on a small subset; then bench/gpu/bench_attention.py on
 #                                   AB_SHAPES (default fa2paper_d64), bf16, FA-2 as the common peer,
 #                                   and bench/gpu/kernel_times.py at AB_KERNEL_ARGS, with main's
 #                                   library and with each REV's, one after the other in one process
@@ -85,16 +85,17 @@ for pack in "${packs[@]}"; do
     sides=("${sides[@]/$rev}")
     continue
   fi
-  # The forward suite again with at most 3 persistent blocks (a build that has the variable), so
-  # that its small shapes send each block through several tiles; racecheck runs that way too.
-  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1
-  timeout 300 "$dir/ab/test_cuda" --gtest_filter='*CudaForward*' > "$OUT/ab_tests_fwd3_$rev.log" 2>&1
-  summary+=("$rev forward tests, 3 persistent blocks: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_fwd3_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_fwd3_$rev.log") failed")
+  # The forward and backward suites again with at most 3 persistent blocks (a build that has the
+  # variables), so that their small shapes send each block through several tiles or items;
+  # racecheck runs that way too.
+  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1
+  timeout "${AB_TEST_TIMEOUT:-300}" "$dir/ab/test_cuda" --gtest_filter='*CudaForward*:*CudaBackward*' > "$OUT/ab_tests_fwd3_$rev.log" 2>&1
+  summary+=("$rev tests, 3 persistent blocks: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_fwd3_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_fwd3_$rev.log") failed")
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 "$dir/ab/test_cuda" \
     --gtest_filter='*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d*:*CudaBackward.*/bf16_varlen_517*:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq520_sk130_h40k8_d64' \
     > "$OUT/ab_racecheck_$rev.log" 2>&1
   summary+=("$rev racecheck: rc=$?, $(grep -m1 -E 'RACECHECK SUMMARY' "$OUT/ab_racecheck_$rev.log" || echo 'no summary')")
-  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_FWD_WIDE
+  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_FWD_WIDE
 done
 for side in "${sides[@]}"; do
   [ -n "$side" ] || continue
