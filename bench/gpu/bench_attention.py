@@ -161,6 +161,11 @@ def max_rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
 
 
+def error_text(e):
+    """A contender's failure as one short line for the results."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json/.md/.png")
@@ -216,10 +221,11 @@ def main():
         shapes = [sh for sh in shapes if any(x in sh[0] for x in args.shapes.split(","))]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
 
+    rounds = max(1, args.rounds)
     dev = torch.cuda.get_device_properties(0)
     meta = {"device": dev.name, "sms": dev.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": max(1, args.rounds)}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds}
     try:
         import triton
 
@@ -254,10 +260,10 @@ def main():
                         rec["out"] = o.float()
                         runs.append((cname, rec, fwd, bwd, [], []))
                     except Exception as e:
-                        rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                rounds = max(1, args.rounds)
+                        rec["error"] = error_text(e)
                 for rnd in range(rounds):
-                    for cname, rec, fwd, bwd, tf, tb in runs[rnd % max(1, len(runs)):] + runs[:rnd % max(1, len(runs))]:
+                    first = rnd % len(runs) if runs else 0
+                    for cname, rec, fwd, bwd, tf, tb in runs[first:] + runs[:first]:
                         if "error" in rec:
                             continue
                         try:
@@ -265,7 +271,7 @@ def main():
                             if not args.no_bwd:
                                 tb.append(do_bench(bwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
                         except Exception as e:
-                            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                            rec["error"] = error_text(e)
                 for cname, rec, fwd, bwd, tf, tb in runs:
                     if "error" in rec:
                         continue
