@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -52,6 +54,13 @@ inline void set_max_dynamic_smem(const void* kernel, int bytes) {
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// The count in environment variable `name` (at least 1), or 0 when it is unset (the testing caps
+// FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS and its backward twin).
+inline int64_t env_count(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
 }
 
 // The current device's multiprocessor count, read once per device (persistent grids are sized by it).

@@ -33,7 +33,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -566,10 +565,7 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.
-  static const int64_t cap = [] {
-    const char* v = std::getenv("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
-    return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
-  }();
+  static const int64_t cap = env_count("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
   if (persistent && cap > 0) blocks = std::min(blocks, cap);
   // Tile indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
   // the multiprocessors), and the static step saturates at num_tiles.
