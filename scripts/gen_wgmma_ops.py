@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes src/cuda/sm90_wgmma_ops.inc: one inline-PTX wrapper per (element type, N) for the two
+"""Writes src/cuda/sm90_wgmma_ops.inc: one inline-PTX wrapper per (element type, N) for the
 wgmma forms the sm90 kernels use (PTX ISA, "wgmma.mma_async"):
 
   ss: D(64xN, f32) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)      (S = Q K^T)
   rs: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, MN-major)     (O += P V, dV += Pᵀ dO)
   tt: D(64xN, f32) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)     (dQ += dS K)
+  st: D(64xN, f32) (+)= A(64x16, smem, K-major)  * B(16xN, smem, MN-major)     (dV += Pᵀ dO, Pᵀ shared)
 
 The accumulator list has N/2 registers per thread, which is why this is generated rather than
 written out: the operand lists are long and must match the register arrays exactly.
@@ -40,6 +41,7 @@ def emit(tag, ptx_type, n):
     out = [f"template <>\nstruct Wgmma<{tag}, {n}> {{"]
     out += emit_smem_form("ss", n, nacc, ptx_type, acc_ops, (0, 0))  # both K-major
     out += emit_smem_form("tt", n, nacc, ptx_type, acc_ops, (1, 1))  # both MN-major (transposed)
+    out += emit_smem_form("st", n, nacc, ptx_type, acc_ops, (0, 1))  # A K-major, B MN-major
     # rs: A from registers, B MN-major
     a0, bd, sc = nacc, nacc + 4, nacc + 5
     out.append(

@@ -217,6 +217,9 @@ def main():
         for s in seqlens:
             shapes.append((f"fa2paper_d{d}_s{s}", 16384 // s, s, 2048 // d, 2048 // d, d))
     shapes.append(("llama31_8b_s8192", 1, 8192, 32, 8, 128))
+    # head_dim 256 (Gemma's), 16k tokens per batch and 2048 model columns as the FA-2 shapes.
+    for s in (1024, 4096, 16384):
+        shapes.append((f"hdim256_s{s}", 16384 // s, s, 8, 8, 256))
     if args.shapes:
         shapes = [sh for sh in shapes if any(x in sh[0] for x in args.shapes.split(","))]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]

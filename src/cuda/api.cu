@@ -362,7 +362,7 @@ FwdParams make_fwd_params(const detail::Params& p, int64_t max_q, int64_t max_k)
 }
 
 #ifdef FLASHATTN_CUDA_HAS_BWD
-// The Hopper dK/dV kernel: sm_90, head_dim bucket 64 or 128, not deterministic, TMA-able tensors.
+// The Hopper dK/dV kernels: sm_90, not deterministic, TMA-able tensors.
 // FLASHATTN_CUDA_BWD=sm80 forces the sm80 one.
 bool use_bwd_sm90(const detail::Params& p) {
   return !forced_sm80("FLASHATTN_CUDA_BWD") && bwd_sm90_covers(p) && on_sm90() && tma_fits(p, true);

@@ -25,7 +25,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90 = 
 // deterministic dQ kernel): the grid's y dimension is seqlen / this, at most 65535.
 int bwd_block_rows(const detail::Params& p, bool use_sm90);
 
-// Whether this build's Hopper dK/dV kernel covers p (head_dim bucket 64 or 128, not deterministic);
+// Whether this build's Hopper dK/dV kernels cover p (any head_dim bucket, not deterministic);
 // the device and tensor-map checks are api.cu's.
 bool bwd_sm90_covers(const detail::Params& p);
 

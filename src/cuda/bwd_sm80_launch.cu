@@ -225,7 +225,8 @@ int bwd_sm80_smem_bytes(const detail::Params& p) {
 }
 
 int bwd_block_rows(const detail::Params& p, bool use_sm90) {
-  if (use_sm90) return BwdSm90Config<128>::kBlockN;
+  if (use_sm90)
+    return bwd_sm80_head_dim_bucket(p) <= 128 ? BwdSm90Config<128>::kBlockN : BwdSm90SplitConfig<256>::kBlockN;
   int rows = 0;
   dispatch_head_dim(bwd_sm80_head_dim_bucket(p), [&](auto hdim) { rows = BwdShape<decltype(hdim)::value>::kRes; });
   return rows;
@@ -246,7 +247,7 @@ constexpr bool bwd_sm90_built() {
 bool bwd_sm90_covers(const detail::Params& p) {
 #ifdef FLASHATTN_CUDA_BWD_SM90
   const bool built = p.dtype == DType::f16 ? bwd_sm90_built<F16>() : p.dtype == DType::bf16 && bwd_sm90_built<BF16>();
-  return built && !p.deterministic && bwd_sm80_head_dim_bucket(p) <= 128;
+  return built && !p.deterministic;
 #else
   (void)p;
   return false;
@@ -292,9 +293,10 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       if (bp.seqlen_k > 0) {
         bool launched = false;
 #ifdef FLASHATTN_CUDA_BWD_SM90
-        if constexpr (kHeadDim <= 128 && bwd_sm90_built<Elem>()) {
+        if constexpr (bwd_sm90_built<Elem>()) {
           if (use_sm90) {
-            launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+            if constexpr (kHeadDim <= 128) launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+            else launch_bwd_sm90_dsplit<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
             launched = true;
           }
         }

@@ -192,4 +192,37 @@ struct BwdSm90Config {
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream);
 
+// Tile shapes of the Hopper backward whose consumers split the head dimension
+// (bwd_sm90_dsplit.cuh), for head_dim bucket 256: one consumer owning 64 keys of dK and dV would
+// need 256 accumulator registers, so each owns half of their columns (64 + 64 registers) for all
+// 64 keys of the block, and Pᵀ / dSᵀ go between the two through shared memory. block_n = 64 keys
+// resident, block_m = 64 query rows per step in kStages TMA buffers of Q and dO; a step's dQ is
+// staged in the step's own Q / dO buffers once its products are done (each consumer in the half of
+// the columns it alone reads), which is what makes two stages fit:
+//   smem 32 + 32 (K, V) + 2 · (32 + 32) (Q, dO) + 2 · 8 (Pᵀ) + 8 (dSᵀ) + 8 (1 − tanh², softcap) + 1 (statistics) ≈ 226 KB.
+template <int kHeadDim_>
+struct BwdSm90SplitConfig {
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = 64, kBlockM = 64, kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
+  static constexpr int kTileBytes = kBlockN * kBlockM * 2;  // one [keys][queries] 16-bit tile
+  static constexpr int kStatBytes = 2 * 2 * kBlockM * 4;    // [consumer][buffer][query] floats
+  // The producer walks the steps for the dQ reduce-adds as well as the loads: 40 registers (24
+  // spilled), which leaves the consumers 232 (128 · (168 − 40) >= 256 · (232 − 168)).
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kSmemBytes =
+      2 * kKVBytes + 2 * kStages * kQBytes + 4 * kTileBytes + kStatBytes + 8 * (1 + 2 * kStages) + 1024;
+  static_assert(kHeadDim % 128 == 0, "each consumer's half of the columns is whole 64-column panels");
+  static_assert(kBlockM * (kHeadDim / 2) * 4 == kQBytes,
+                "a consumer's fp32 dQ (64 x head_dim / 2) fills its halves of one Q and one dO buffer");
+  static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg split");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+// Launches the head-dim-split Hopper backward for one (element type, head_dim bucket 256);
+// instantiated in the generated bwd_sm90_<dtype>_hdim256.cu.
+template <typename Elem, int kHeadDim>
+void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream);
+
 }  // namespace flashattn::cuda

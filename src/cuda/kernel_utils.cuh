@@ -68,6 +68,20 @@ __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// The two 16-bit values of one register (pack2's inverse, exact) as floats: lo in x, hi in y.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack2<F16>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<BF16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -87,6 +87,35 @@ std::vector<BwdCase> backward_cases() {
       c.alibi = Alibi::per_head;
       c.causal = true;
       add(c);
+      // head_dim bucket 256 (the Hopper kernel whose consumers split the head dimension and pass
+      // Pᵀ / dSᵀ through shared memory): many query tiles per 64-key tile with GQA and a causal
+      // mask, a window with softcap at head_dim 192, varlen tiles that cross sequence ends (also
+      // head_dim 192 with head_dim_v 128), softcap + ALiBi, and key tiles no query sees.
+      c = base(dt, 2, 300, 517, 8, 2, 256);
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 400, 260, 4, 1, 192);
+      c.window_size_left = 70;
+      c.window_size_right = 30;
+      c.softcap = 12.0f;
+      add(c);
+      c = multi_tile_varlen(dt, 4, 2);
+      c.head_dim = 256;
+      add(c);
+      c.head_dim = 192;
+      c.head_dim_v = 128;
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 200, 333, 2, 2, 256);
+      c.softcap = 15.0f;
+      c.alibi = Alibi::per_head;
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 70, 400, 2, 1, 256);
+      c.window_size_left = 10;
+      c.window_size_right = 0;
+      c.align = CausalAlign::top_left;
+      add(c);
     }
   }
   return cases;
@@ -131,8 +160,8 @@ TEST_P(CudaBackward, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward, ::testing::ValuesIn(backward_cases()),
                          [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
 
-// plan() names the backward kernel: the Hopper dK/dV kernel on sm_90 for head_dim <= 128 unless
-// deterministic (or FLASHATTN_CUDA_BWD=sm80), the sm80 kernels otherwise.
+// plan() names the backward kernel: the Hopper dK/dV kernels on sm_90 unless deterministic (or
+// FLASHATTN_CUDA_BWD=sm80), the sm80 kernels otherwise.
 TEST(CudaBackwardMisc, KernelChoice) {
   FLASHATTN_REQUIRE_GPU();
   const bool sm90 = expect_sm90_kernels("FLASHATTN_CUDA_BWD");
@@ -145,6 +174,14 @@ TEST(CudaBackwardMisc, KernelChoice) {
     ASSERT_TRUE(pl.ok) << pl.reason;
     EXPECT_EQ(pl.kernel, sm90 && !det ? "cuda_bwd_sm90_tma_wgmma_hdim128" : "cuda_bwd_sm80_mma_hdim128");
     if (!det) std::printf("[   INFO   ] backward kernel: %s\n", pl.kernel.c_str());
+    // head_dim 192 runs the 256 bucket: on sm_90 the kernel that splits the head dimension.
+    c = base(DType::bf16, 1, 64, 64, 2, 2, 192);
+    c.deterministic = det;
+    Problem pr2(c, fresh_seed());
+    GpuProblem g2(pr2, GpuLayout::contiguous);
+    const Plan pl2 = plan(g2.params(), Pass::backward);
+    ASSERT_TRUE(pl2.ok) << pl2.reason;
+    EXPECT_EQ(pl2.kernel, sm90 && !det ? "cuda_bwd_sm90_tma_wgmma_hdim256" : "cuda_bwd_sm80_mma_hdim256");
   }
 }
 

@@ -1,0 +1,474 @@
+// FlashAttention backward on Hopper (sm_90a) for head_dim bucket 256: TMA, mbarriers, wgmma and
+// warp specialization (FlashAttention-3, Shah et al. 2024, Sec. 3 and Appendix B.1), the math of
+// FA-2's Alg. 2 as in bwd_sm90_tma_wgmma.cuh, with the work of a step split by columns.
+//
+// Why a second kernel: at head_dim 256 a consumer that owns 64 keys of dK and dV needs 256
+// accumulator registers for them alone. Here each of the two consumers owns half of the columns
+// of dK and dV (head_dim / 2 = 128: 64 + 64 registers) for all 64 keys of the block, so both need
+// Pᵀ and dSᵀ of every key, and they pass them through shared memory.
+//
+// One block per (key tile of block_n = 64 keys, KV head, batch), three warpgroups:
+//   - the producer (warpgroup 0) loads K and V once, then Q and dO of each step (64 query rows of
+//     one head of the GQA group, block_m = 64) into kStages TMA buffers, and adds each step's dQ
+//     into the fp32 accumulator by bulk reduce-adds once both consumers have staged it;
+//   - consumer 0 computes Sᵀ = K Qᵀ and Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) (mask, softcap and
+//     ALiBi as in the other kernels) and hands Pᵀ (and 1 − tanh² under softcap) to consumer 1;
+//     consumer 1 computes dPᵀ = V dOᵀ meanwhile, then dSᵀ = Pᵀ ∘ (dPᵀ − D) and hands it back;
+//   - then each consumer c, for its columns [c·128, c·128 + 128):
+//       dV_c += Pᵀ dO_c,  dK_c += dSᵀ Q_c        wgmma, A (Pᵀ / dSᵀ) and B from shared memory
+//       dQ_c = dS K_c                            A = dSᵀ read MN-major, B = K MN-major
+//     and stages dQ_c in its own half of the step's Q and dO buffers (no other product reads them
+//     any more), from where the producer's reduce-adds take it before it reloads the buffers.
+//   dK = scale · dK at the end (dq is scaled by the shared postprocess).
+// Per step: 2 products of 64·64·256 and 3 per consumer of 64·128·64: 10.5 MFLOP, as one step of
+// the head_dim 128 kernel; the exchange costs the two consumers' element-wise phases their
+// overlap (consumer 1 waits for Pᵀ).
+//
+// Rows past a sequence's end: TMA zero-fills rows outside a tensor, but varlen tiles that cross a
+// sequence end hold the next sequence's rows; they are zeroed in shared memory before any product
+// (0 · inf = NaN), and masked elements get P = 0, hence dS = 0.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/bwd_traits.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/sm90_utils.cuh"
+
+namespace flashattn::cuda {
+
+template <typename Elem, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_sm90_dsplit_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tmap_q,
+                           const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                           const __grid_constant__ CUtensorMap tmap_do) {
+#ifdef FLASHATTN_SM90_ENABLED
+  using namespace sm90;
+  using Storage = typename Elem::Storage;
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, BM = Cfg::kBlockM, S = Cfg::kStages;
+  constexpr int kPanels = D / 64;
+  constexpr int kHalf = D / 2;                 // columns of dK, dV and dQ per consumer
+  constexpr int kHalfPanels = kHalf / 64;      // 64-column panels per consumer
+  constexpr int kDqTiles = kHalf / 64;         // 64 x 64 fp32 dQ tiles per consumer and step
+  constexpr int kDqTileBytes = 64 * 64 * 4;
+  constexpr int kTilesPerHalf = kHalfPanels * BM * 128 / kDqTileBytes;  // dQ tiles in half a Q buffer
+  constexpr float kLog2e = 1.4426950408889634f;
+  static_assert(BN == 64 && BM == 64, "one 64 x 64 Pᵀ / dSᵀ tile per step, wgmma's M on both sides");
+  static_assert(kTilesPerHalf >= 1 && 2 * kTilesPerHalf == kDqTiles, "dQ staging in the Q and dO halves");
+
+  const int heads_k = p.num_heads_k;
+  const PairTile pt = grouped_block(p.tail_pairs);
+  const int b = pt.pair / heads_k, hk = pt.pair % heads_k;
+  const int n0 = pt.tile * BN;
+  int64_t q_start = 0, k_start = 0;
+  int len_q = p.seqlen_q, len_k = p.seqlen_k;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen) {
+    q_start = p.cu_seqlens_q[b];
+    len_q = p.cu_seqlens_q[b + 1] - int(q_start);
+    k_start = p.cu_seqlens_k[b];
+    len_k = p.cu_seqlens_k[b + 1] - int(k_start);
+  }
+  if (n0 >= len_k) return;
+  const int tma_batch = varlen ? 0 : b;
+  const int off = p.align_bottom_right ? len_k - len_q : 0;
+  const int wl = p.window_size_left, wr = p.window_size_right;
+
+  // Query tiles that see any of keys [n0, j_last] (as in the other backward kernels).
+  const int j_last = min(n0 + BN, len_k) - 1;
+  const int i_lo = wr >= 0 ? max(0, n0 - off - wr) : 0;
+  const int i_hi = wl >= 0 ? min(len_q, j_last - off + wl + 1) : len_q;
+  const int first = i_hi > i_lo ? i_lo / BM : 0;
+  const int count = i_hi > i_lo ? (i_hi + BM - 1) / BM - first : 0;
+  const int iters = count * p.head_ratio;
+  // Step t: query tile first + t % count of query head hk · head_ratio + t / count, carried along.
+  struct Step {
+    int tile = 0, head = 0;
+  };
+  auto next_step = [&](Step step) {
+    if (++step.tile == count) {
+      step.tile = 0;
+      ++step.head;
+    }
+    return step;
+  };
+  auto head_of = [&](Step step) { return hk * p.head_ratio + step.head; };
+  auto m0_of = [&](Step step) { return (first + step.tile) * BM; };
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t sK = base, sV = sK + Cfg::kKVBytes;
+  const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
+  const uint32_t sP0 = sDO0 + S * Cfg::kQBytes;    // Pᵀ [keys][queries], two buffers (see the step)
+  const uint32_t sDS = sP0 + 2 * Cfg::kTileBytes;  // dSᵀ [keys][queries]
+  const uint32_t sT = sDS + Cfg::kTileBytes;       // 1 − tanh² [keys][queries] (softcap)
+  const uint32_t sStat = sT + Cfg::kTileBytes;     // [consumer][buffer][query]: lse·log2e, D
+  const uint32_t bars = sStat + Cfg::kStatBytes;
+  auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
+  auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
+  // Consumer c's dQ tile jt of stage s: its own columns' half of the Q buffer, then of dO's.
+  auto dq_tile = [&](int s, int c, int jt) {
+    const uint32_t half = c * kHalfPanels * BM * 128;
+    return (jt < kTilesPerHalf ? sQ(s) : sDO(s)) + half + (jt % kTilesPerHalf) * kDqTileBytes;
+  };
+  const uint32_t kv_full = bars;
+  auto full = [&](int s) { return bars + 8 * (1 + s); };
+  auto dq_ready = [&](int s) { return bars + 8 * (1 + S + s); };
+  auto gptr = [&](uint32_t a) { return smem + (a - base); };
+
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(dq_ready(s), 2);  // one arrival per consumer, after its dQ is staged
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------------------------------------------------------- producer warpgroup
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0 && count > 0) {
+      prefetch_tensormap(&tmap_q);
+      prefetch_tensormap(&tmap_do);
+      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
+      tma_load_tile<kPanels, BN>(sK, &tmap_k, kv_full, int(k_start) + n0, hk, tma_batch);
+      tma_load_tile<kPanels, BN>(sV, &tmap_v, kv_full, int(k_start) + n0, hk, tma_batch);
+      auto load = [&](int s, Step step) {
+        const int h = head_of(step), m0 = m0_of(step);
+        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
+        tma_load_tile<kPanels, BM>(sQ(s), &tmap_q, full(s), int(q_start) + m0, h, tma_batch);
+        tma_load_tile<kPanels, BM>(sDO(s), &tmap_do, full(s), int(q_start) + m0, h, tma_batch);
+      };
+      Step ld;
+      for (int t = 0; t < S && t < iters; ++t, ld = next_step(ld)) load(t, ld);
+      int s = 0;
+      uint32_t phase = 0;
+      Step step;
+      for (int t = 0; t < iters; ++t) {
+        // Step t's dQ, staged by both consumers in stage s: add it into the accumulator, and once
+        // the reduce-adds have read it, the stage is free for step t + S.
+        mbar_wait(dq_ready(s), phase);
+        const int h = head_of(step), m0 = m0_of(step);
+        float* const acc = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p);
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int jt = 0; jt < kDqTiles; ++jt)
+            bulk_reduce_add_f32(acc + dq_accum_offset(p, m0, c * kHalf + 64 * jt), dq_tile(s, c, jt), kDqTileBytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+        if (t + S < iters) {
+          load(s, ld);
+          ld = next_step(ld);
+        }
+        step = next_step(step);
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    // Read from lane 0 so that the compiler knows it is warp-uniform (uniform registers for what
+    // derives from it).
+    const int cw = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;  // 0: Sᵀ / Pᵀ, 1: dPᵀ / dSᵀ
+    const int ctid = threadIdx.x - 128;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    const int kr0 = warp * 16 + g;  // this thread's key rows of Sᵀ / dPᵀ, dK and dV: kr0 and kr0 + 8
+    // The row this lane addresses in stmatrix / ldmatrix of a [keys][queries] tile (see below).
+    const int x_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    float dk[kHalf / 2], dv[kHalf / 2];
+    const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
+    const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
+
+    // Zeroes rows [valid, 64) of a swizzled 64-row tile (both consumers share it; named barrier 1).
+    auto zero_rows = [&](uint32_t tile, int valid) {
+      for (int i = ctid; i < (64 - valid) * kPanels * 8; i += 256) {
+        const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
+        *reinterpret_cast<uint4*>(gptr(tile) + (c >> 3) * 64 * 128 + r * 128 + (((c ^ r) & 7) << 4)) =
+            make_uint4(0, 0, 0, 0);
+      }
+    };
+
+    if (count > 0) {
+      // Each consumer's statistic (lse·log2e for consumer 0, D for consumer 1) of the step's 64
+      // queries, loaded one step ahead by threads 0..63 into a double buffer. Consumer 0 reads
+      // buffer t & 1 before its arrival on barrier 2 and writes buffer (t + 1) & 1 between that and
+      // its wait on barrier 3; consumer 1 reads after its wait on barrier 2 and writes after its
+      // arrival on barrier 3. Those barriers order every write between the reads it must follow
+      // and the reads it must precede. Rows are padded to stat_rows: no bounds.
+      float* const stats = reinterpret_cast<float*>(gptr(sStat)) + cw * 2 * BM;
+      const float* const stat_src = cw == 0 ? p.lse_log2 : p.dsum;
+      auto load_stat = [&](int t, Step step) {
+        return t < iters && tid < BM
+                   ? stat_src[(int64_t(b) * p.num_heads + head_of(step)) * p.stat_rows + m0_of(step) + tid]
+                   : 0.f;
+      };
+      float next_stat = load_stat(0, Step{});
+      mbar_wait(kv_full, 0);
+      if (varlen && len_k - n0 < BN) {
+        zero_rows(sK, len_k - n0);
+        zero_rows(sV, len_k - n0);
+        fence_proxy_async();
+        named_barrier_sync(1, 256);
+      }
+      if (tid < BM) stats[tid] = next_stat;
+      named_barrier_sync(4 + cw, 128);
+
+      // A of this consumer's first product: K (Sᵀ) or V (dPᵀ), K-major, all 64 keys.
+      const uint64_t a_desc = make_desc(cw == 0 ? sK : sV, 16, 1024);
+      // This consumer's columns: panels cw · kHalfPanels .. of K (B of dQ), Q and dO (B of dK, dV).
+      const uint32_t q_half = cw * kHalfPanels * BM * 128;
+      const uint64_t k_mn = make_desc(sK + cw * kHalfPanels * BN * 128, BN * 128, 1024);
+      const uint64_t ds_k = make_desc(sDS, 16, 1024);     // dSᵀ as A, K-major (K = queries)
+      const uint64_t ds_mn = make_desc(sDS, 1024, 1024);  // dS as A, MN-major (M = queries, K = keys)
+      int s = 0;
+      uint32_t phase = 0;
+      Step step;
+      for (int t = 0; t < iters; ++t) {
+        const int h = head_of(step), m0 = m0_of(step);
+        const Step next = next_step(step);
+        next_stat = load_stat(t + 1, next);
+        mbar_wait(full(s), phase);
+        if (varlen && len_q - m0 < BM) {
+          zero_rows(sQ(s), len_q - m0);
+          zero_rows(sDO(s), len_q - m0);
+          fence_proxy_async();
+          named_barrier_sync(1, 256);
+        }
+
+        // Sᵀ = K Qᵀ (consumer 0) or dPᵀ = V dOᵀ (consumer 1): M = 64 keys, N = 64 queries, K = head_dim.
+        float acc[BM / 2];
+        const uint64_t b_desc = make_desc(cw == 0 ? sQ(s) : sDO(s), 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
+          const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
+          Wgmma<Elem, BM>::ss(acc, desc_advance(a_desc, ka), desc_advance(b_desc, qa), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) fence_operand(acc[i]);
+
+        // Element (key row kr0 + 8·(e / 2), query column 8j + 2·t4 + e % 2) is acc[4j + e]. As
+        // 16-bit pairs, x[kk][r] holds elements 8kk + 2r and + 1: the fragments of the four 8 x 8
+        // blocks (key rows +0 / +8, queries 16kk + 0..7 / 8..15) in the order stmatrix / ldmatrix
+        // .x4 take them when lane l addresses row x_row of query chunk 2kk + l / 16 (the 128-byte
+        // swizzle of the TMA tiles, one 64-query panel).
+        const float* const stat = stats + (t & 1) * BM;
+        const uint32_t sP = sP0 + (t & 1) * Cfg::kTileBytes;
+        if (cw == 0) {
+          const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+          const bool full_tile = m0 + BM <= len_q && n0 + BN <= len_k && (wl < 0 || n0 >= m0 + BM - 1 + off - wl) &&
+                                 (wr < 0 || n0 + BN - 1 <= m0 + off + wr);
+          // Pᵀ in place of Sᵀ; under softcap also 1 − tanh² into sT (pairs, as consumer 1 reads them).
+          auto scores = [&](auto modified_c, auto edge_c) {
+            constexpr bool kModified = decltype(modified_c)::value, kEdge = decltype(edge_c)::value;
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+              const float2 l2 = *reinterpret_cast<const float2*>(stat + 8 * j + 2 * t4);
+#pragma unroll
+              for (int hr = 0; hr < 2; ++hr) {
+                float dt[2] = {1.f, 1.f};
+#pragma unroll
+                for (int e1 = 0; e1 < 2; ++e1) {
+                  const int e = 2 * hr + e1;
+                  const int i = m0 + 8 * j + 2 * t4 + e1, jk = n0 + kr0 + 8 * hr;
+                  const float lv = e1 ? l2.y : l2.x;
+                  float pv;
+                  if constexpr (!kModified) {
+                    pv = fast_exp2(acc[4 * j + e] * scale_log2 - lv);
+                  } else {
+                    float x = acc[4 * j + e] * scale;
+                    if (cap > 0.f) {
+                      const float th = tanhf(x / cap);
+                      x = cap * th;
+                      dt[e1] = 1.f - th * th;
+                    }
+                    x -= slope * fabsf(static_cast<float>(i + off - jk));
+                    pv = fast_exp2(x * kLog2e - lv);
+                  }
+                  if constexpr (kEdge) {
+                    const bool vis = (i < len_q) & (jk < len_k) & ((wl < 0) | (jk >= i + off - wl)) &
+                                     ((wr < 0) | (jk <= i + off + wr));
+                    pv = vis ? pv : 0.f;
+                  }
+                  acc[4 * j + e] = pv;
+                }
+                if constexpr (kModified) {
+                  if (cap > 0.f)
+                    *reinterpret_cast<uint32_t*>(gptr(sT + swizzled_chunk<BN>(kr0 + 8 * hr, j)) + 4 * t4) =
+                        pack2<Elem>(dt[0], dt[1]);
+                }
+              }
+            }
+          };
+          if (modified) {
+            if (full_tile) scores(std::true_type{}, std::false_type{});
+            else scores(std::true_type{}, std::true_type{});
+          } else {
+            if (full_tile) scores(std::false_type{}, std::false_type{});
+            else scores(std::false_type{}, std::true_type{});
+          }
+#pragma unroll
+          for (int kk = 0; kk < BM / 16; ++kk)
+            stmatrix_x4(sP + swizzled_chunk<BN>(x_row, 2 * kk + (lane >> 4)), pack2<Elem>(acc[8 * kk], acc[8 * kk + 1]),
+                        pack2<Elem>(acc[8 * kk + 2], acc[8 * kk + 3]), pack2<Elem>(acc[8 * kk + 4], acc[8 * kk + 5]),
+                        pack2<Elem>(acc[8 * kk + 6], acc[8 * kk + 7]));
+          fence_proxy_async();  // Pᵀ is read by the dV products (async proxy) of both consumers
+          named_barrier_arrive(2, 256);
+          if (t + 1 < iters && tid < BM) stats[((t + 1) & 1) * BM + tid] = next_stat;
+          named_barrier_sync(3, 256);
+        } else {
+          named_barrier_sync(2, 256);
+          uint32_t pf[BM / 16][4], tf[BM / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < BM / 16; ++kk) {
+            const uint32_t at = swizzled_chunk<BN>(x_row, 2 * kk + (lane >> 4));
+            ldmatrix_x4(pf[kk], sP + at);
+            if (cap > 0.f) ldmatrix_x4(tf[kk], sT + at);
+          }
+          uint32_t dsf[BM / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              // Elements 8kk + 2r (+1): n8 tile j = 2kk + r / 2, key row +8 when r is odd.
+              const float2 pv = unpack2<Elem>(pf[kk][r]);
+              const float2 d2 = *reinterpret_cast<const float2*>(stat + 8 * (2 * kk + r / 2) + 2 * t4);
+              float ds0 = pv.x * (acc[8 * kk + 2 * r] - d2.x), ds1 = pv.y * (acc[8 * kk + 2 * r + 1] - d2.y);
+              if (cap > 0.f) {
+                const float2 dt = unpack2<Elem>(tf[kk][r]);
+                ds0 *= dt.x;
+                ds1 *= dt.y;
+              }
+              dsf[kk][r] = pack2<Elem>(ds0, ds1);
+            }
+#pragma unroll
+          for (int kk = 0; kk < BM / 16; ++kk)
+            stmatrix_x4(sDS + swizzled_chunk<BN>(x_row, 2 * kk + (lane >> 4)), dsf[kk][0], dsf[kk][1], dsf[kk][2],
+                        dsf[kk][3]);
+          fence_proxy_async();  // dSᵀ is read by the dK and dQ products of both consumers
+          named_barrier_arrive(3, 256);
+          if (t + 1 < iters && tid < BM) stats[((t + 1) & 1) * BM + tid] = next_stat;
+        }
+
+        // dV_c += Pᵀ dO_c and dK_c += dSᵀ Q_c (M = 64 keys, N = this consumer's columns, K = 64
+        // queries: 16 query rows per k-step), dQ_c = dS K_c (M = 64 queries, K = 64 keys).
+        const uint64_t p_k = make_desc(sP, 16, 1024);
+        const uint64_t do_mn = make_desc(sDO(s) + q_half, BM * 128, 1024), q_mn = make_desc(sQ(s) + q_half, BM * 128, 1024);
+        float dq[kHalf / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+          Wgmma<Elem, kHalf>::st(dv, desc_advance(p_k, kk * 32), desc_advance(do_mn, kk * 16 * 128), t > 0 || kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+          Wgmma<Elem, kHalf>::st(dk, desc_advance(ds_k, kk * 32), desc_advance(q_mn, kk * 16 * 128), t > 0 || kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          Wgmma<Elem, kHalf>::tt(dq, desc_advance(ds_mn, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kHalf / 2; ++i) {
+          fence_operand(dk[i]);
+          fence_operand(dv[i]);
+          fence_operand(dq[i]);
+        }
+
+        // dQ_c into this consumer's halves of stage s (tile layout of dq_accum_offset): query row
+        // warp·16 + g + 8hr, column 8j + 2·t4 (+1) of the half.
+#pragma unroll
+        for (int j = 0; j < kHalf / 8; ++j)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = warp * 16 + g + hr * 8;
+            *reinterpret_cast<float2*>(gptr(dq_tile(s, cw, j / 8)) + 4 * (r * 64 + (((j % 8) ^ (r & 7)) << 3) + 2 * t4)) =
+                make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+          }
+        fence_proxy_async();
+        named_barrier_sync(4 + cw, 128);
+        if (tid == 0) mbar_arrive(dq_ready(s));
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+        step = next;
+      }
+    }
+
+    if (count == 0) {
+#pragma unroll
+      for (int i = 0; i < kHalf / 2; ++i) dk[i] = dv[i] = 0.f;
+    }
+    // Epilogue: dK = scale · dK and dV staged in this consumer's column panels of sK / sV, so that
+    // the global stores are whole 16-byte chunks of a row. No product reads those panels any more:
+    // the other consumer's dQ reads only its own panels of K, consumer 0's last Sᵀ finished before
+    // barrier 2 and consumer 1's last dPᵀ before barrier 3 of the last step.
+#pragma unroll
+    for (int j = 0; j < kHalf / 8; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const uint32_t o = swizzled_chunk<BN>(kr0 + hr * 8, cw * (kHalf / 8) + j) + 4 * t4;
+        *reinterpret_cast<uint32_t*>(gptr(sK + o)) = pack2<Elem>(dk[4 * j + 2 * hr] * scale, dk[4 * j + 2 * hr + 1] * scale);
+        *reinterpret_cast<uint32_t*>(gptr(sV + o)) = pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
+      }
+    named_barrier_sync(4 + cw, 128);
+    Storage* dk_ptr = static_cast<Storage*>(p.dk) + b * p.dk_batch_stride + (k_start + n0) * p.dk_row_stride +
+                      hk * p.dk_head_stride;
+    Storage* dv_ptr = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + n0) * p.dv_row_stride +
+                      hk * p.dv_head_stride;
+    // Rows past the sequence end and columns past head_dim (head_dim_v) are not written.
+    for (int i = tid; i < BN * (kHalf / 8); i += 128) {
+      const int row = i / (kHalf / 8), c8 = cw * (kHalf / 8) + i % (kHalf / 8);
+      if (row >= len_k - n0) break;  // i grows with the row
+      const uint32_t o = (c8 / 8) * BN * 128 + row * 128 + ((((c8 % 8) ^ row) & 7) << 4);
+      if (c8 * 8 < p.head_dim)
+        *reinterpret_cast<uint4*>(dk_ptr + row * p.dk_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sK + o));
+      if (c8 * 8 < p.head_dim_v)
+        *reinterpret_cast<uint4*>(dv_ptr + row * p.dv_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sV + o));
+    }
+  }
+#endif
+}
+
+template <typename Elem, int kHeadDim>
+void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
+  using Cfg = BwdSm90SplitConfig<kHeadDim>;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t nb = varlen ? 1 : p.batch;
+  const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
+                                                     p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
+  const CUtensorMap tdo = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb,
+                                                      p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+                                                      Cfg::kBlockM);
+  const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride,
+                                                     p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
+  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
+                                                     p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  auto kernel = bwd_sm90_dsplit_kernel<Elem, Cfg>;
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+  const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      with_block_order(p, grid.x, grid.y, multiprocessor_count()), tq, tk, tv, tdo);
+  FA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashattn::cuda
