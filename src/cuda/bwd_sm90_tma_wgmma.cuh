@@ -1,6 +1,7 @@
 // FlashAttention backward dK/dV kernel on Hopper (sm_90a): TMA, mbarriers, wgmma and warp
 // specialization (FlashAttention-3, Shah et al. 2024, Sec. 3 and Appendix B.1; the math is
-// FA-2's Alg. 2, as in the sm80 kernel, which stays for head_dim 256 and the deterministic mode).
+// FA-2's Alg. 2, as in the sm80 kernel, which stays for the deterministic mode; head_dim 256 runs
+// bwd_sm90_dsplit.cuh).
 //
 // One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups:
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile

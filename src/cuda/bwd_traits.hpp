@@ -161,7 +161,7 @@ namespace flashattn::cuda {
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
 // step (128 at head_dim 64, 64 at 128) through kStages TMA buffers. Registers per consumer thread
 // (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32.
-// head_dim 256 does not fit (dK + dV alone would be 256 registers) and stays on the sm80 kernel.
+// head_dim 256 does not fit (dK + dV alone would be 256 registers): BwdSm90SplitConfig below.
 //   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 2 · 32 (dSᵀ) + 4 (statistics) + 32 (dQ) ≈ 197 KB.
 //   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 32 ≈ 195 KB.
 template <int kHeadDim_>
