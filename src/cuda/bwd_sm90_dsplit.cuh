@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/bwd_sm90_block.cuh"
 #include "cuda/bwd_traits.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernel_utils.cuh"
@@ -62,44 +63,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(BN == 64 && BM == 64, "one 64 x 64 Pᵀ / dSᵀ tile per step, wgmma's M on both sides");
   static_assert(kTilesPerHalf >= 1 && 2 * kTilesPerHalf == kDqTiles, "dQ staging in the Q and dO halves");
 
-  const int heads_k = p.num_heads_k;
-  const PairTile pt = grouped_block(p.tail_pairs);
-  const int b = pt.pair / heads_k, hk = pt.pair % heads_k;
-  const int n0 = pt.tile * BN;
-  int64_t q_start = 0, k_start = 0;
-  int len_q = p.seqlen_q, len_k = p.seqlen_k;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  if (varlen) {
-    q_start = p.cu_seqlens_q[b];
-    len_q = p.cu_seqlens_q[b + 1] - int(q_start);
-    k_start = p.cu_seqlens_k[b];
-    len_k = p.cu_seqlens_k[b + 1] - int(k_start);
-  }
-  if (n0 >= len_k) return;
-  const int tma_batch = varlen ? 0 : b;
-  const int off = p.align_bottom_right ? len_k - len_q : 0;
-  const int wl = p.window_size_left, wr = p.window_size_right;
-
-  // Query tiles that see any of keys [n0, j_last] (as in the other backward kernels).
-  const int j_last = min(n0 + BN, len_k) - 1;
-  const int i_lo = wr >= 0 ? max(0, n0 - off - wr) : 0;
-  const int i_hi = wl >= 0 ? min(len_q, j_last - off + wl + 1) : len_q;
-  const int first = i_hi > i_lo ? i_lo / BM : 0;
-  const int count = i_hi > i_lo ? (i_hi + BM - 1) / BM - first : 0;
-  const int iters = count * p.head_ratio;
-  // Step t: query tile first + t % count of query head hk · head_ratio + t / count, carried along.
-  struct Step {
-    int tile = 0, head = 0;
-  };
-  auto next_step = [&](Step step) {
-    if (++step.tile == count) {
-      step.tile = 0;
-      ++step.head;
-    }
-    return step;
-  };
-  auto head_of = [&](Step step) { return hk * p.head_ratio + step.head; };
-  auto m0_of = [&](Step step) { return (first + step.tile) * BM; };
+  const BwdSm90Block<BN, BM> blk = bwd_sm90_block<BN, BM>(p);
+  if (blk.n0 >= blk.len_k) return;
+  const int b = blk.b, hk = blk.hk, n0 = blk.n0;
+  const int64_t q_start = blk.q_start, k_start = blk.k_start;
+  const int len_q = blk.len_q, len_k = blk.len_k;
+  const bool varlen = blk.varlen;
+  const int tma_batch = blk.tma_batch, off = blk.off, wl = blk.wl, wr = blk.wr;
+  const int count = blk.count, iters = blk.iters;
+  using Step = BwdStep;
+  auto next_step = [&](Step step) { return blk.next(step); };
+  auto head_of = [&](Step step) { return blk.head_of(step); };
+  auto m0_of = [&](Step step) { return blk.m0_of(step); };
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -452,22 +427,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   using Cfg = BwdSm90SplitConfig<kHeadDim>;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t nb = varlen ? 1 : p.batch;
-  const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
-                                                     p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
-  const CUtensorMap tdo = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb,
-                                                      p.do_row_stride, p.do_head_stride, p.do_batch_stride,
-                                                      Cfg::kBlockM);
-  const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride,
-                                                     p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
-  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
-                                                     p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  const BwdTensorMaps maps = bwd_sm90_tensor_maps<Elem>(p, rows_q, rows_k, Cfg::kBlockM, Cfg::kBlockN);
   auto kernel = bwd_sm90_dsplit_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      with_block_order(p, grid.x, grid.y, multiprocessor_count()), tq, tk, tv, tdo);
+      with_block_order(p, grid.x, grid.y, multiprocessor_count()), maps.q, maps.k, maps.v, maps.dout);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

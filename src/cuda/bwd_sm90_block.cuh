@@ -1,0 +1,103 @@
+// What one block of the Hopper backward kernels (bwd_sm90_tma_wgmma.cuh, bwd_sm90_dsplit.cuh)
+// works on, and the tensor maps their launchers build: a block keeps block_n keys of one (batch,
+// KV head) and steps through the query tiles (block_m rows) of the GQA group's heads that see them.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/bwd_traits.hpp"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/sm90_utils.cuh"
+
+namespace flashattn::cuda {
+
+// Step t of a block visits query tile first + t % count of query head hk · head_ratio + t / count.
+// The kernels carry (tile, head) along instead of dividing by `count` (a run-time divisor: ~40
+// instructions per division, two per consumer step).
+struct BwdStep {
+  int tile = 0, head = 0;  // tile index in [0, count), head index in the group
+};
+
+template <int BN, int BM>
+struct BwdSm90Block {
+  int b, hk, n0;             // batch, KV head, first key of the block
+  int64_t q_start, k_start;  // the sequence's first row in q / k (varlen), else 0
+  int len_q, len_k;
+  bool varlen;
+  int tma_batch;             // the tensor maps' batch coordinate: 0 when varlen (packed rows)
+  int off;                   // key − query offset of the mask's diagonal (bottom-right: len_k − len_q)
+  int wl, wr;                // window_size_left / _right, −1 unbounded
+  int first, count;          // query tiles [first, first + count) see keys [n0, n0 + BN)
+  int head_ratio, iters;     // iters = count · head_ratio steps
+
+  __device__ __forceinline__ BwdStep next(BwdStep step) const {
+    if (++step.tile == count) {
+      step.tile = 0;
+      ++step.head;
+    }
+    return step;
+  }
+  __device__ __forceinline__ int head_of(BwdStep step) const { return hk * head_ratio + step.head; }
+  __device__ __forceinline__ int m0_of(BwdStep step) const { return (first + step.tile) * BM; }
+};
+
+// This block's work (grouped_block() order of the (pair, key tile) grid). n0 >= len_k: nothing
+// (a key tile past a shorter varlen sequence); the kernel returns.
+template <int BN, int BM>
+__device__ __forceinline__ BwdSm90Block<BN, BM> bwd_sm90_block(const BwdParams& p) {
+  BwdSm90Block<BN, BM> blk;
+  const PairTile pt = grouped_block(p.tail_pairs);
+  blk.b = pt.pair / p.num_heads_k;
+  blk.hk = pt.pair % p.num_heads_k;
+  blk.n0 = pt.tile * BN;
+  blk.q_start = 0;
+  blk.k_start = 0;
+  blk.len_q = p.seqlen_q;
+  blk.len_k = p.seqlen_k;
+  blk.varlen = p.cu_seqlens_q != nullptr;
+  if (blk.varlen) {
+    blk.q_start = p.cu_seqlens_q[blk.b];
+    blk.len_q = p.cu_seqlens_q[blk.b + 1] - int(blk.q_start);
+    blk.k_start = p.cu_seqlens_k[blk.b];
+    blk.len_k = p.cu_seqlens_k[blk.b + 1] - int(blk.k_start);
+  }
+  blk.tma_batch = blk.varlen ? 0 : blk.b;
+  blk.off = p.align_bottom_right ? blk.len_k - blk.len_q : 0;
+  blk.wl = p.window_size_left;
+  blk.wr = p.window_size_right;
+  // Query tiles that see any of keys [n0, j_last] (as in the sm80 kernel).
+  const int j_last = min(blk.n0 + BN, blk.len_k) - 1;
+  const int i_lo = blk.wr >= 0 ? max(0, blk.n0 - blk.off - blk.wr) : 0;
+  const int i_hi = blk.wl >= 0 ? min(blk.len_q, j_last - blk.off + blk.wl + 1) : blk.len_q;
+  blk.first = i_hi > i_lo ? i_lo / BM : 0;
+  blk.count = i_hi > i_lo ? (i_hi + BM - 1) / BM - blk.first : 0;
+  blk.head_ratio = p.head_ratio;
+  blk.iters = blk.count * p.head_ratio;
+  return blk;
+}
+
+// The four TMA maps of a Hopper backward launch: q and dout in boxes of block_m rows, k and v of
+// block_n (64 columns each; rows_q / rows_k are the tensors' rows, the packed totals when varlen).
+struct BwdTensorMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+template <typename Elem>
+BwdTensorMaps bwd_sm90_tensor_maps(const BwdParams& p, int64_t rows_q, int64_t rows_k, int block_m, int block_n) {
+  const int64_t nb = p.cu_seqlens_q != nullptr ? 1 : p.batch;
+  BwdTensorMaps m;
+  m.q = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride, p.q_head_stride,
+                                    p.q_batch_stride, block_m);
+  m.dout = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb, p.do_row_stride,
+                                       p.do_head_stride, p.do_batch_stride, block_m);
+  m.k = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride, p.k_head_stride,
+                                    p.k_batch_stride, block_n);
+  m.v = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb, p.v_row_stride,
+                                    p.v_head_stride, p.v_batch_stride, block_n);
+  return m;
+}
+
+}  // namespace flashattn::cuda
