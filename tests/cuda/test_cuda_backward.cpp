@@ -121,6 +121,16 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 150, 90, 2, 1, 160);
       c.head_dim_v = 40;
       add(c);
+      // head_dim_v above head_dim (256 bucket: Q and K panels past 128 all zeros), and varlen at
+      // head_dim 256 with empty sequences (key tiles no query tile sees).
+      c = base(dt, 1, 100, 140, 2, 2, 128);
+      c.head_dim_v = 256;
+      add(c);
+      c = base(dt, 0, 0, 0, 2, 1, 256);
+      c.lens_q = {17, 0, 130, 1};
+      c.lens_k = {33, 7, 130, 0};
+      c.causal = true;
+      add(c);
     }
   }
   return cases;
