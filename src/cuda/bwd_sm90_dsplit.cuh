@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Each consumer's statistic (lse·log2e for consumer 0, D for consumer 1) of the step's 64
       // queries, loaded one step ahead by threads 0..63 into a double buffer. Consumer 0 reads
       // buffer t & 1 before its arrival on barrier 2 and writes buffer (t + 1) & 1 between that and
-      // its wait on barrier 3; consumer 1 reads after its wait on barrier 2 and writes before its
-      // wait on barrier 3. Those barriers order every write between the reads it must follow and
-      // the reads it must precede. Rows are padded to stat_rows: no bounds.
+      // its wait on barrier 3; consumer 1 reads after its wait on barrier 2 and writes after its
+      // arrival on barrier 3. Those barriers order every write between the reads it must follow
+      // and the reads it must precede. Rows are padded to stat_rows: no bounds.
       float* const stats = reinterpret_cast<float*>(gptr(sStat)) + cw * 2 * BM;
       const float* const stat_src = cw == 0 ? p.lse_log2 : p.dsum;
       auto load_stat = [&](int t, Step step) {
@@ -340,11 +340,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             stmatrix_x4(sDS + swizzled_chunk<BN>(x_row, 2 * kk + (lane >> 4)), dsf[kk][0], dsf[kk][1], dsf[kk][2],
                         dsf[kk][3]);
           fence_proxy_async();  // dSᵀ is read by the dK and dQ products of both consumers
-          // A wait, not an arrival: this consumer's dQ product reads (MN-major) the dSᵀ rows of all
-          // four of its warps, so each must be past the others' stores; consumer 0 is already
-          // waiting here, so only the slowest warp of this one is waited for.
+          named_barrier_arrive(3, 256);
           if (t + 1 < iters && tid < BM) stats[((t + 1) & 1) * BM + tid] = next_stat;
-          named_barrier_sync(3, 256);
+          // This consumer's dQ product reads (MN-major) the dSᵀ rows of all four of its warps: each
+          // waits until the others' are stored. (Not a wait on barrier 3 next to consumer 0's:
+          // bar.sync is .aligned, one instruction for all of a barrier's waiting threads, and
+          // compute-sanitizer's synccheck reports two of them as divergent.)
+          named_barrier_sync(5, 128);
         }
 
         // dV_c += Pᵀ dO_c and dK_c += dSᵀ Q_c (M = 64 keys, N = this consumer's columns, K = 64
