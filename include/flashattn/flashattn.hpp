@@ -27,6 +27,10 @@
 // below float32's 3.4e38 in magnitude; beyond it (e.g. softmax_scale = 1e38) the rows that overflow
 // come out NaN, as in FlashAttention and PyTorch SDPA. Nothing checks it (the scores are not known
 // before they are computed); validate() refuses non-finite scales, softcaps and host ALiBi slopes.
+// Non-finite values inside q, k, v or dout are not checked either: like FlashAttention's, the
+// kernels multiply whole tiles, so a NaN or inf in a key that the mask hides from a row can still
+// reach that row's out or gradients (0 · NaN) when the row sees other keys of the same tile; the
+// float64 reference skips masked keys and stays finite there.
 //
 // Layouts (strides in elements, the last dimension contiguous):
 //   batched: q [batch, seqlen_q, num_heads, head_dim]      k [batch, seqlen_k, num_heads_k, head_dim]
