@@ -30,7 +30,8 @@
 // Non-finite values inside q, k, v or dout are not checked either: like FlashAttention's, the
 // kernels multiply whole tiles, so a NaN or inf in a key that the mask hides from a row can still
 // reach that row's out or gradients (0 · NaN) when the row sees other keys of the same tile; the
-// float64 reference skips masked keys and stays finite there.
+// float64 reference skips masked keys and stays finite there. (The CPU backend leaves keys that no
+// query sees out of every product, e.g. the tail of a key cache under a top-left causal mask.)
 //
 // Layouts (strides in elements, the last dimension contiguous):
 //   batched: q [batch, seqlen_q, num_heads, head_dim]      k [batch, seqlen_k, num_heads_k, head_dim]

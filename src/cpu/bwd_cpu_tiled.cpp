@@ -139,6 +139,20 @@ void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, 
   transpose_rows_padded(p.dtype, k, n0, nc, d, w.ka.data(), np, 1.0f, w.tmp.data());
   transpose_rows_padded(p.dtype, v, n0, nc, dv, w.kb.data(), np, 1.0f, w.tmp.data());
   copy_rows_padded(p.dtype, k, n0, nc, d, w.kpad.data(), dp16);
+  // Keys of the tile that no query sees (past the last row's window, e.g. a top-left causal mask
+  // over a longer key cache) take no part: their copies are zeroed, so a NaN or inf there cannot
+  // reach dQ or the other keys' dK / dV through the tile's products (0 · NaN); their own dK and
+  // dV come out 0, as the reference's. (Keys some rows see reach the others' products as in
+  // FlashAttention: flashattn.hpp.)
+  if (sq.len_q > 0) {
+    const detail::KeyRange seen = tile_key_range(p, sq, 0, sq.len_q);
+    for (int64_t r = 0; r < nc; ++r) {
+      if (n0 + r >= seen.lo && n0 + r < seen.hi) continue;
+      for (int64_t x = 0; x < d; ++x) w.ka[x * np + r] = 0.0f;
+      for (int64_t x = 0; x < dv; ++x) w.kb[x * np + r] = 0.0f;
+      std::fill(w.kpad.data() + r * dp16, w.kpad.data() + (r + 1) * dp16, 0.0f);
+    }
+  }
   float* dk = w.acc_a.data();
   float* dvacc = w.acc_b.data();
   std::fill(dk, dk + nc * dp16, 0.0f);

@@ -199,6 +199,38 @@ TEST(CpuRegression, NanInOneKeyGivesNanForRowsThatSeeIt) {
   }
 }
 
+// A NaN in the k and v of a key that no query sees (top-left causal, seqlen_k > seqlen_q: keys
+// 40..63 of a key cache) leaves the backward finite and equal to the reference (fixed bug: dP and
+// dQ of the key's tile multiplied its NaN by 0, and all of dq came out NaN).
+TEST(CpuRegression, NanInAKeyNoQuerySeesStaysOutOfTheBackward) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    ProblemConfig c = f32_config(40, 64, 64);
+    c.dtype = dt;
+    c.causal = true;
+    c.align = CausalAlign::top_left;
+    Problem pr(c, seed);
+    const int64_t key = 50, d = 64;
+    for (HostTensor* t : {&pr.k, &pr.v}) {
+      std::vector<double> x = t->to_dense();
+      x[static_cast<size_t>(key * d + 5)] = kNaN;
+      t->set(x);
+    }
+    forward(pr.params());
+    backward(pr.params());
+    const DenseResults& ref = pr.reference(Precision::f64, true);
+    const DenseResults& naive = pr.reference(Precision::input, true);
+    const double g = max_abs({&ref.dq, &ref.dk, &ref.dv});
+    const std::vector<double> dq = pr.dq.to_dense(), dk = pr.dk.to_dense(), dv = pr.dv.to_dense();
+    for (const auto* x : {&dq, &dk, &dv})
+      for (double e : *x) ASSERT_TRUE(std::isfinite(e)) << dtype_name(dt);
+    EXPECT_TRUE(check_close("dq", dq, ref.dq, naive.dq, dt, g)) << dtype_name(dt);
+    EXPECT_TRUE(check_close("dk", dk, ref.dk, naive.dk, dt, g)) << dtype_name(dt);
+    EXPECT_TRUE(check_close("dv", dv, ref.dv, naive.dv, dt, g)) << dtype_name(dt);
+  }
+}
+
 // q = k = 2e19 (every element): q·k overflows fp32 to +inf, which must give NaN, not the
 // masked-row result (out 0, lse −inf); likewise softmax_scale = 3e38 with ordinary inputs.
 TEST(CpuRegression, OverflowingScoresGiveNan) {
