@@ -455,8 +455,11 @@ Plan plan(const detail::Params& p, Pass pass) {
         result.reason = *reason;
         return result;
       }
-      result.kernel = std::string(sm90 ? "cuda_bwd_sm90_tma_wgmma_hdim" : "cuda_bwd_sm80_mma_hdim") +
-                      std::to_string(bwd_sm80_head_dim_bucket(p));
+      const int bucket = bwd_sm80_head_dim_bucket(p);
+      // The 256 bucket's Hopper backward is its own kernel family (bwd_sm90_dsplit.cuh).
+      const char* family = !sm90 ? "cuda_bwd_sm80_mma_hdim" : bucket > 128 ? "cuda_bwd_sm90_dsplit_hdim"
+                                                                            : "cuda_bwd_sm90_tma_wgmma_hdim";
+      result.kernel = std::string(family) + std::to_string(bucket);
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";
       return result;

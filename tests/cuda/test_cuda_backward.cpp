@@ -196,7 +196,7 @@ TEST(CudaBackwardMisc, KernelChoice) {
     GpuProblem g2(pr2, GpuLayout::contiguous);
     const Plan pl2 = plan(g2.params(), Pass::backward);
     ASSERT_TRUE(pl2.ok) << pl2.reason;
-    EXPECT_EQ(pl2.kernel, sm90 && !det ? "cuda_bwd_sm90_tma_wgmma_hdim256" : "cuda_bwd_sm80_mma_hdim256");
+    EXPECT_EQ(pl2.kernel, sm90 && !det ? "cuda_bwd_sm90_dsplit_hdim256" : "cuda_bwd_sm80_mma_hdim256");
   }
 }
 
