@@ -124,7 +124,7 @@ struct AttentionParams {
 /// ask this, so "supported" and "runs" never disagree.
 struct Plan {
   bool ok = false;
-  std::string kernel;  // e.g. "cpu_fwd_tiled", "cuda_fwd_sm80_mma_hdim128"
+  std::string kernel;  // e.g. "cpu_fwd_tiled_bm512_bn128", "cuda_bwd_sm90_dsplit_hdim256"
   std::string reason;  // when !ok: the argument, what was expected and what came
 };
 
