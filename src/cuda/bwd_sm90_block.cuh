@@ -79,6 +79,18 @@ __device__ __forceinline__ BwdSm90Block<BN, BM> bwd_sm90_block(const BwdParams& 
   return blk;
 }
 
+// Zeroes rows [valid, rows) of a swizzled tile of kPanels 64-column panels (sm90_utils.cuh's
+// layout) at generic address `tile`: the rows of a varlen tile that belong to the next sequence.
+// The 256 consumer threads share the work (ctid their index); the caller fences and meets the
+// others on a named barrier before any product reads the tile.
+template <int kPanels>
+__device__ __forceinline__ void zero_tile_rows(uint8_t* tile, int rows, int valid, int ctid) {
+  for (int i = ctid; i < (rows - valid) * kPanels * 8; i += 256) {
+    const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
+    *reinterpret_cast<uint4*>(tile + (c >> 3) * rows * 128 + r * 128 + (((c ^ r) & 7) << 4)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // The four TMA maps of a Hopper backward launch: q and dout in boxes of block_m rows, k and v of
 // block_n (64 columns each; rows_q / rows_k are the tensors' rows, the packed totals when varlen).
 struct BwdTensorMaps {

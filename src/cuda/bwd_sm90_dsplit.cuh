@@ -170,15 +170,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
     const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
 
-    // Zeroes rows [valid, 64) of a swizzled 64-row tile (both consumers share it; named barrier 1).
-    auto zero_rows = [&](uint32_t tile, int valid) {
-      for (int i = ctid; i < (64 - valid) * kPanels * 8; i += 256) {
-        const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
-        *reinterpret_cast<uint4*>(gptr(tile) + (c >> 3) * 64 * 128 + r * 128 + (((c ^ r) & 7) << 4)) =
-            make_uint4(0, 0, 0, 0);
-      }
-    };
-
     if (count > 0) {
       // Each consumer's statistic (lse·log2e for consumer 0, D for consumer 1) of the step's 64
       // queries, loaded one step ahead by threads 0..63 into a double buffer. Consumer 0 reads
@@ -196,8 +187,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float next_stat = load_stat(0, Step{});
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
-        zero_rows(sK, len_k - n0);
-        zero_rows(sV, len_k - n0);
+        zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
+        zero_tile_rows<kPanels>(gptr(sV), BN, len_k - n0, ctid);
         fence_proxy_async();
         named_barrier_sync(1, 256);
       }
@@ -220,8 +211,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         next_stat = load_stat(t + 1, next);
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
-          zero_rows(sQ(s), len_q - m0);
-          zero_rows(sDO(s), len_q - m0);
+          zero_tile_rows<kPanels>(gptr(sQ(s)), BM, len_q - m0, ctid);
+          zero_tile_rows<kPanels>(gptr(sDO(s)), BM, len_q - m0, ctid);
           fence_proxy_async();
           named_barrier_sync(1, 256);
         }

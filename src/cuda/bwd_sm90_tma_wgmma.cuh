@@ -146,15 +146,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float scale = p.softmax_scale, scale_log2 = scale * kLog2e, cap = p.softcap;
     const bool modified = cap > 0.f || p.alibi_slopes != nullptr;
 
-    // Zeroes rows [valid, rows) of a swizzled tile (both consumers share it; named barrier 1).
-    auto zero_rows = [&](uint32_t tile, int rows, int valid) {
-      for (int i = ctid; i < (rows - valid) * kPanels * 8; i += 256) {
-        const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
-        *reinterpret_cast<uint4*>(gptr(tile) + (c >> 3) * rows * 128 + r * 128 + (((c ^ r) & 7) << 4)) =
-            make_uint4(0, 0, 0, 0);
-      }
-    };
-
     if (count > 0) {
       // The statistics of each query tile (lse·log2e and D, 64 each) come straight from the
       // workspace: thread tid of the warpgroup loads element tid of [lse | D] one tile ahead and
@@ -184,8 +175,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       load_stats(0, Step{}, first_stat);
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
-        zero_rows(sK, BN, len_k - n0);
-        zero_rows(sV, BN, len_k - n0);
+        zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
+        zero_tile_rows<kPanels>(gptr(sV), BN, len_k - n0, ctid);
         fence_proxy_async();
         named_barrier_sync(1, 256);
       }
@@ -201,8 +192,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         load_stats(t + 1, next, next_stat);
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
-          zero_rows(sQ(s), BM, len_q - m0);
-          zero_rows(sDO(s), BM, len_q - m0);
+          zero_tile_rows<kPanels>(gptr(sQ(s)), BM, len_q - m0, ctid);
+          zero_tile_rows<kPanels>(gptr(sDO(s)), BM, len_q - m0, ctid);
           fence_proxy_async();
           named_barrier_sync(1, 256);
         }
