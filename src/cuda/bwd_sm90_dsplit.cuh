@@ -71,10 +71,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool varlen = blk.varlen;
   const int tma_batch = blk.tma_batch, off = blk.off, wl = blk.wl, wr = blk.wr;
   const int count = blk.count, iters = blk.iters;
-  using Step = BwdStep;
-  auto next_step = [&](Step step) { return blk.next(step); };
-  auto head_of = [&](Step step) { return blk.head_of(step); };
-  auto m0_of = [&](Step step) { return blk.m0_of(step); };
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -118,22 +114,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
       tma_load_tile<kPanels, BN>(sK, &tmap_k, kv_full, int(k_start) + n0, hk, tma_batch);
       tma_load_tile<kPanels, BN>(sV, &tmap_v, kv_full, int(k_start) + n0, hk, tma_batch);
-      auto load = [&](int s, Step step) {
-        const int h = head_of(step), m0 = m0_of(step);
+      auto load = [&](int s, BwdStep step) {
+        const int h = blk.head_of(step), m0 = blk.m0_of(step);
         mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
         tma_load_tile<kPanels, BM>(sQ(s), &tmap_q, full(s), int(q_start) + m0, h, tma_batch);
         tma_load_tile<kPanels, BM>(sDO(s), &tmap_do, full(s), int(q_start) + m0, h, tma_batch);
       };
-      Step ld;
-      for (int t = 0; t < S && t < iters; ++t, ld = next_step(ld)) load(t, ld);
+      BwdStep ld;
+      for (int t = 0; t < S && t < iters; ++t, ld = blk.next(ld)) load(t, ld);
       int s = 0;
       uint32_t phase = 0;
-      Step step;
+      BwdStep step;
       for (int t = 0; t < iters; ++t) {
         // Step t's dQ, staged by both consumers in stage s: add it into the accumulator, and once
         // the reduce-adds have read it, the stage is free for step t + S.
         mbar_wait(dq_ready(s), phase);
-        const int h = head_of(step), m0 = m0_of(step);
+        const int h = blk.head_of(step), m0 = blk.m0_of(step);
         float* const acc = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p);
 #pragma unroll
         for (int c = 0; c < 2; ++c)
@@ -144,9 +140,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         bulk_wait_read<0>();
         if (t + S < iters) {
           load(s, ld);
-          ld = next_step(ld);
+          ld = blk.next(ld);
         }
-        step = next_step(step);
+        step = blk.next(step);
         if (++s == S) {
           s = 0;
           phase ^= 1;
@@ -179,12 +175,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // and the reads it must precede. Rows are padded to stat_rows: no bounds.
       float* const stats = reinterpret_cast<float*>(gptr(sStat)) + cw * 2 * BM;
       const float* const stat_src = cw == 0 ? p.lse_log2 : p.dsum;
-      auto load_stat = [&](int t, Step step) {
+      auto load_stat = [&](int t, BwdStep step) {
         return t < iters && tid < BM
-                   ? stat_src[(int64_t(b) * p.num_heads + head_of(step)) * p.stat_rows + m0_of(step) + tid]
+                   ? stat_src[(int64_t(b) * p.num_heads + blk.head_of(step)) * p.stat_rows + blk.m0_of(step) + tid]
                    : 0.f;
       };
-      float next_stat = load_stat(0, Step{});
+      float next_stat = load_stat(0, BwdStep{});
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
         zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
@@ -204,10 +200,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const uint64_t ds_mn = make_desc(sDS, 1024, 1024);  // dS as A, MN-major (M = queries, K = keys)
       int s = 0;
       uint32_t phase = 0;
-      Step step;
+      BwdStep step;
       for (int t = 0; t < iters; ++t) {
-        const int h = head_of(step), m0 = m0_of(step);
-        const Step next = next_step(step);
+        const int h = blk.head_of(step), m0 = blk.m0_of(step);
+        const BwdStep next = blk.next(step);
         next_stat = load_stat(t + 1, next);
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {

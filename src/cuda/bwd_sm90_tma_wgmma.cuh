@@ -70,10 +70,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool varlen = blk.varlen;
   const int tma_batch = blk.tma_batch, off = blk.off, wl = blk.wl, wr = blk.wr;
   const int count = blk.count, iters = blk.iters;
-  using Step = BwdStep;
-  auto next_step = [&](Step step) { return blk.next(step); };
-  auto head_of = [&](Step step) { return blk.head_of(step); };
-  auto m0_of = [&](Step step) { return blk.m0_of(step); };
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -113,9 +109,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_load_tile<kPanels, BN>(sV, &tmap_v, kv_full, int(k_start) + n0, hk, tma_batch);
       int s = 0;
       uint32_t phase = 0;
-      Step step;
-      for (int t = 0; t < iters; ++t, step = next_step(step)) {
-        const int h = head_of(step), m0 = m0_of(step);
+      BwdStep step;
+      for (int t = 0; t < iters; ++t, step = blk.next(step)) {
+        const int h = blk.head_of(step), m0 = blk.m0_of(step);
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
         tma_load_tile<kPanels, BM>(sQ(s), &tmap_q, full(s), int(q_start) + m0, h, tma_batch);
@@ -155,13 +151,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float* stats = reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;  // [buffer][lse, D][BM]
       // With BM = 128 each thread loads elements tid and tid + 128 of [lse | D].
       constexpr int kStatPerThread = 2 * BM / 128;
-      auto load_stat = [&](Step step, int e) {
-        const int64_t stat = (int64_t(b) * p.num_heads + head_of(step)) * p.stat_rows + m0_of(step);
+      auto load_stat = [&](BwdStep step, int e) {
+        const int64_t stat = (int64_t(b) * p.num_heads + blk.head_of(step)) * p.stat_rows + blk.m0_of(step);
         return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
       };
       // This thread's elements of tile t's [lse | D] into registers (0 past the last tile), and
       // from there into buffer t & 1.
-      auto load_stats = [&](int t, Step step, float (&v)[kStatPerThread]) {
+      auto load_stats = [&](int t, BwdStep step, float (&v)[kStatPerThread]) {
 #pragma unroll
         for (int x = 0; x < kStatPerThread; ++x) v[x] = t < iters ? load_stat(step, tid + 128 * x) : 0.f;
       };
@@ -172,7 +168,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // The first tile's statistics are requested before the wait for K and V, so that the two
       // latencies overlap instead of adding up at every block's start.
       float first_stat[kStatPerThread];
-      load_stats(0, Step{}, first_stat);
+      load_stats(0, BwdStep{}, first_stat);
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
         zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
@@ -184,10 +180,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
-      Step step;
+      BwdStep step;
       for (int t = 0; t < iters; ++t) {
-        const int h = head_of(step), m0 = m0_of(step);
-        const Step next = next_step(step);
+        const int h = blk.head_of(step), m0 = blk.m0_of(step);
+        const BwdStep next = blk.next(step);
         float next_stat[kStatPerThread];
         load_stats(t + 1, next, next_stat);
         mbar_wait(full(s), phase);
