@@ -22,6 +22,7 @@
 
 #ifdef FLASHATTN_CUDA_HAS_BWD  // defined by src/cuda/CMakeLists.txt when the backward is built
 #include "cuda/bwd_launch.hpp"
+#include "cuda/bwd_traits.hpp"
 #endif
 
 namespace flashattn::cuda {
@@ -456,9 +457,9 @@ Plan plan(const detail::Params& p, Pass pass) {
         return result;
       }
       const int bucket = bwd_sm80_head_dim_bucket(p);
-      // The 256 bucket's Hopper backward is its own kernel family (bwd_sm90_dsplit.cuh).
-      const char* family = !sm90 ? "cuda_bwd_sm80_mma_hdim" : bucket > 128 ? "cuda_bwd_sm90_dsplit_hdim"
-                                                                            : "cuda_bwd_sm90_tma_wgmma_hdim";
+      const char* family = !sm90                            ? "cuda_bwd_sm80_mma_hdim"
+                           : bwd_sm90_dsplit_bucket(bucket) ? "cuda_bwd_sm90_dsplit_hdim"
+                                                            : "cuda_bwd_sm90_tma_wgmma_hdim";
       result.kernel = std::string(family) + std::to_string(bucket);
 #else
       result.reason = "backward: expected a build with the CUDA backward kernel, got one without it (not yet implemented)";

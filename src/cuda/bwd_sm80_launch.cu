@@ -226,7 +226,8 @@ int bwd_sm80_smem_bytes(const detail::Params& p) {
 
 int bwd_block_rows(const detail::Params& p, bool use_sm90) {
   if (use_sm90)
-    return bwd_sm80_head_dim_bucket(p) <= 128 ? BwdSm90Config<128>::kBlockN : BwdSm90SplitConfig<256>::kBlockN;
+    return bwd_sm90_dsplit_bucket(bwd_sm80_head_dim_bucket(p)) ? BwdSm90SplitConfig<256>::kBlockN
+                                                                : BwdSm90Config<128>::kBlockN;
   int rows = 0;
   dispatch_head_dim(bwd_sm80_head_dim_bucket(p), [&](auto hdim) { rows = BwdShape<decltype(hdim)::value>::kRes; });
   return rows;
@@ -295,8 +296,10 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
 #ifdef FLASHATTN_CUDA_BWD_SM90
         if constexpr (bwd_sm90_built<Elem>()) {
           if (use_sm90) {
-            if constexpr (kHeadDim <= 128) launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
-            else launch_bwd_sm90_dsplit<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+            if constexpr (bwd_sm90_dsplit_bucket(kHeadDim))
+              launch_bwd_sm90_dsplit<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+            else
+              launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
             launched = true;
           }
         }

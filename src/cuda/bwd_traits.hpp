@@ -222,6 +222,10 @@ struct BwdSm90SplitConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
+// Whether a head_dim bucket's Hopper backward is the head-dim-split kernel (bwd_sm90_dsplit.cuh)
+// rather than bwd_sm90_tma_wgmma.cuh: the dispatch, the grid limit and plan()'s kernel name.
+constexpr bool bwd_sm90_dsplit_bucket(int head_dim_bucket) { return head_dim_bucket > 128; }
+
 // Launches the head-dim-split Hopper backward for one (element type, head_dim bucket 256);
 // instantiated in the generated bwd_sm90_<dtype>_hdim256.cu.
 template <typename Elem, int kHeadDim>
