@@ -41,7 +41,7 @@ if [ "$mode" = build ]; then
     nice -n 5 cmake --build build-ab/build --target test_cuda flashattn_pytest_lib -j2 > build-ab/build.log 2>&1 ||
       { grep -E "error" build-ab/build.log | head; exit 1; }
     echo "== $rev ($short)"
-    grep -A3 -E "Compiling entry.*sm90(_dsplit)?_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers|spill" |
+    grep -A3 -E "Compiling entry.*sm90(_[a-z0-9]+)?_kernel.*'sm_90a'" build-ab/build.log | grep -E "Used [0-9]+ registers|spill" |
       sed 's/, used [0-9]* barriers//' | sort | uniq -c
     bad=$(awk -v require=1 -f scripts/sm90_entry_regs.awk build-ab/build.log)
     if [ -n "$bad" ]; then

@@ -61,7 +61,7 @@ if [ "$mode" = build ]; then
   # ptxas.txt: the report of the sm90 kernels built last. An incremental build that recompiled none of
   # them keeps the previous report (those kernels did not change), so the check below always sees it.
   grep -E "Compiling entry|spill|Used [0-9]+ registers" build-gpu/build.log > $DIST/ptxas.new || true
-  if grep -qE "sm90(_dsplit)?_kernel" $DIST/ptxas.new || [ ! -s $DIST/ptxas.txt ]; then
+  if grep -qE "sm90(_[a-z0-9]+)?_kernel" $DIST/ptxas.new || [ ! -s $DIST/ptxas.txt ]; then
     mv $DIST/ptxas.new $DIST/ptxas.txt
   else
     rm -f $DIST/ptxas.new

@@ -6,7 +6,7 @@
 # sm90 kernel at all (a report of nothing is not a pass).
 /Compiling entry/ {
   name = ""
-  if ($0 ~ /(fwd|bwd)_sm90(_dsplit)?_kernel/ && $0 ~ /'sm_90a'/) {
+  if ($0 ~ /(fwd|bwd)_sm90(_[a-z0-9]+)?_kernel/ && $0 ~ /'sm_90a'/) {
     name = $0
     threads = 384
     if (match($0, /FwdSm90ConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+EE/)) {
