@@ -1,6 +1,6 @@
 // What one block of the Hopper backward kernels (bwd_sm90_tma_wgmma.cuh, bwd_sm90_dsplit.cuh)
-// works on, and the tensor maps their launchers build: a block keeps block_n keys of one (batch,
-// KV head) and steps through the query tiles (block_m rows) of the GQA group's heads that see them.
+// works on, and their launch: a block keeps block_n keys of one (batch, KV head) and steps through
+// the query tiles (block_m rows) of the GQA group's heads that see them.
 #pragma once
 
 #include <cuda.h>
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/bwd_traits.hpp"
+#include "cuda/cuda_check.hpp"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/sm90_utils.cuh"
 
@@ -91,25 +92,27 @@ __device__ __forceinline__ void zero_tile_rows(uint8_t* tile, int rows, int vali
   }
 }
 
-// The four TMA maps of a Hopper backward launch: q and dout in boxes of block_m rows, k and v of
-// block_n (64 columns each; rows_q / rows_k are the tensors' rows, the packed totals when varlen).
-struct BwdTensorMaps {
-  CUtensorMap q, k, v, dout;
-};
-
-template <typename Elem>
-BwdTensorMaps bwd_sm90_tensor_maps(const BwdParams& p, int64_t rows_q, int64_t rows_k, int block_m, int block_n) {
+// Launches a Hopper backward kernel of config Cfg (kBlockM, kBlockN, kThreads, kSmemBytes): the
+// four TMA maps (q and dout in boxes of block_m rows, k and v of block_n, 64 columns each; rows_q
+// / rows_k are the tensors' rows, the packed totals when varlen) and one block per (batch · KV
+// head, key tile), taken in grouped_block() order.
+template <typename Elem, typename Cfg, typename Kernel>
+void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   const int64_t nb = p.cu_seqlens_q != nullptr ? 1 : p.batch;
-  BwdTensorMaps m;
-  m.q = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride, p.q_head_stride,
-                                    p.q_batch_stride, block_m);
-  m.dout = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb, p.do_row_stride,
-                                       p.do_head_stride, p.do_batch_stride, block_m);
-  m.k = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride, p.k_head_stride,
-                                    p.k_batch_stride, block_n);
-  m.v = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb, p.v_row_stride,
-                                    p.v_head_stride, p.v_batch_stride, block_n);
-  return m;
+  const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
+                                                     p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
+  const CUtensorMap tdo = sm90::make_tensor_map<Elem>("dout", p.dout, p.head_dim_v, rows_q, p.num_heads, nb,
+                                                      p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+                                                      Cfg::kBlockM);
+  const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, p.num_heads_k, nb, p.k_row_stride,
+                                                     p.k_head_stride, p.k_batch_stride, Cfg::kBlockN);
+  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
+                                                     p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+  const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      with_block_order(p, grid.x, grid.y, multiprocessor_count()), tq, tk, tv, tdo);
+  FA_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace flashattn::cuda

@@ -419,13 +419,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   using Cfg = BwdSm90SplitConfig<kHeadDim>;
-  const BwdTensorMaps maps = bwd_sm90_tensor_maps<Elem>(p, rows_q, rows_k, Cfg::kBlockM, Cfg::kBlockN);
-  auto kernel = bwd_sm90_dsplit_kernel<Elem, Cfg>;
-  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      with_block_order(p, grid.x, grid.y, multiprocessor_count()), maps.q, maps.k, maps.v, maps.dout);
-  FA_CUDA_CHECK(cudaGetLastError());
+  launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_dsplit_kernel<Elem, Cfg>, p, rows_q, rows_k, stream);
 }
 
 }  // namespace flashattn::cuda
