@@ -98,4 +98,10 @@ Params validate(const AttentionParams& params, Pass pass);
 std::string cu_seqlens_error(const char* name, const int32_t* cu, int64_t batch, int64_t total,
                              const char* total_what, int64_t& longest, int64_t& longest_at);
 
+// Whether two strided views of one dtype share an element (exact; validate() refuses outputs that
+// do): `unknown` once the search has visited `budget` nodes, which nested strides never need
+// (definition and method in validate.cpp).
+enum class SharedElements { no, yes, unknown };
+SharedElements views_share_element(const TensorView& t, const TensorView& other, int64_t budget = int64_t{1} << 16);
+
 }  // namespace flashattn::detail

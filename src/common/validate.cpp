@@ -187,7 +187,9 @@ void check_no_alias(const char* out_name, const TensorView& out, const char* in_
 // An output written through strides that reach one element from two indices would be written
 // twice, by different threads/blocks in any order (a race, and results that depend on it). The
 // usual test (PyTorch's "non-overlapping and dense" without the dense part): order the dims of
-// size > 1 by stride; each stride must reach past everything the smaller-stride dims span.
+// size > 1 by stride; each stride must reach past everything the smaller-stride dims span. That is
+// sufficient, not necessary (shape [2, 3] with strides [2, 3] never meets itself), so the message
+// asks for nested strides rather than claiming an overlap.
 // Ties are ordered by dim index so that the message blames the same dim every time.
 void check_no_self_overlap(const char* name, const TensorView& t) {
   if (!t.defined() || t.numel() == 0) return;
@@ -207,63 +209,26 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
       if (t.stride[d] > 0) {
         got += ", inside the " + std::to_string(span) + " elements spanned by the dims with smaller strides";
       }
-      fail(std::string(name) + ": expected non-overlapping strides (each element written once), got " + got +
-           " in shape " + shape_str(t));
+      fail(std::string(name) +
+           ": expected nested strides, each at least the span of the dims with smaller strides (so that each "
+           "element is written once), got " +
+           got + " in shape " + shape_str(t));
     }
     if (__builtin_mul_overflow(t.stride[d], t.shape[d], &span)) span = INT64_MAX;
   }
 }
 
-// Whether t's elements fill its span without gaps (a contiguous tensor in some dimension order).
-bool is_dense(const TensorView& t) {
-  int64_t span = 1;
-  for (int32_t d = 0; d < t.ndim; ++d) span += (t.shape[d] - 1) * t.stride[d];
-  return span == t.numel();
-}
-
-// The smallest element offset of t (elements from t.data, Σ i_d·stride[d]) that is >= off, or
-// INT64_MAX when there is none. Needs check_no_self_overlap's nesting (each stride at least the
-// span of the smaller ones): at each dimension, from the largest stride down, the index
-// floor(off / stride) either reaches off within the smaller dimensions or the next index does.
-int64_t first_element_at_or_above(const TensorView& t, int64_t off) {
-  int32_t dims[4];
-  int32_t n = 0;
-  for (int32_t d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) dims[n++] = d;
-  std::sort(dims, dims + n, [&](int32_t x, int32_t y) { return t.stride[x] > t.stride[y]; });
-  int64_t base = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    if (off <= base) return base;
-    const int64_t stride = t.stride[dims[i]], count = t.shape[dims[i]];
-    int64_t inner = 0;  // the largest offset the smaller dimensions reach
-    for (int32_t j = i + 1; j < n; ++j) inner += (t.shape[dims[j]] - 1) * t.stride[dims[j]];
-    const int64_t k = std::min(count - 1, (off - base) / stride);
-    if (base + k * stride + inner >= off) {
-      base += k * stride;  // off is reached inside index k (or between its elements: descend)
-    } else if (k + 1 < count) {
-      return base + (k + 1) * stride;  // index k ends below off; index k + 1 starts above it
-    } else {
-      return INT64_MAX;
-    }
-  }
-  return off <= base ? base : INT64_MAX;
-}
-
 // Two outputs that share elements would be written twice. Outputs may share a buffer (dq, dk, dv
 // as interleaved views of one packed [batch, seqlen, 3, num_heads, head_dim] dqkv tensor: their
-// byte ranges overlap, their elements do not), so byte ranges alone cannot decide. Checked:
-// distinct start addresses; neither starting inside the other's first row; and, when either is
-// dense (no gaps in its span), whether the other has an element inside that span (exact). Two
-// gapped views (interleaved packings) are beyond these checks.
+// byte ranges overlap, their elements do not), so byte ranges alone cannot decide; the element
+// sets are compared exactly (views_share_element). The two common mistakes get messages of their
+// own: the same data pointer, and one output starting inside the other's first row.
 void check_distinct_outputs(const char* name, const TensorView& t, const char* other_name, const TensorView& other) {
   if (!t.defined() || !other.defined() || t.numel() == 0 || other.numel() == 0) return;
   if (t.data == other.data) {
     fail(std::string(name) + ": expected memory disjoint from " + other_name +
          " (each output written once), got the same data pointer");
   }
-  // Also refused: one output starting inside the other's first row (its last dimension is
-  // contiguous, so they share elements), e.g. dk = dq + 1 element. Rows of a packed buffer start
-  // whole rows apart.
   auto starts_inside_first_row = [](const TensorView& a, const TensorView& b) {
     const auto lo = reinterpret_cast<std::uintptr_t>(a.data), start = reinterpret_cast<std::uintptr_t>(b.data);
     const auto row_bytes = static_cast<std::uintptr_t>(a.shape[a.ndim - 1]) * dtype_size(a.dtype);
@@ -277,22 +242,21 @@ void check_distinct_outputs(const char* name, const TensorView& t, const char* o
          " bytes " + (t_in_other ? "after " : "before ") + other_name + "'s, inside the first row of " +
          (t_in_other ? std::string(other_name) : std::string(name)));
   }
-  // One dense output (span [lo, hi) in bytes) against the other's elements.
-  auto shares_elements = [](const TensorView& dense, const TensorView& x) {
-    const auto lo = reinterpret_cast<std::uintptr_t>(dense.data);
-    const auto hi = lo + static_cast<std::uintptr_t>(dense.numel()) * dtype_size(dense.dtype);
-    const auto xs = reinterpret_cast<std::uintptr_t>(x.data);
-    const auto es = static_cast<std::uintptr_t>(dtype_size(x.dtype));
-    // x's element e covers [xs + e·es, xs + (e + 1)·es): the first that ends above lo.
-    const int64_t from = xs + es > lo ? 0 : static_cast<int64_t>((lo - xs - es) / es + 1);
-    const int64_t e = first_element_at_or_above(x, from);
-    return e != INT64_MAX && xs + static_cast<std::uintptr_t>(e) * es < hi;
-  };
-  if ((is_dense(other) && shares_elements(other, t)) || (is_dense(t) && shares_elements(t, other))) {
+  const Extent a = extent(t), b = extent(other);
+  if (!(a.lo < b.hi && b.lo < a.hi)) return;  // disjoint byte ranges
+  const std::string where =
+      std::string(name) + " starts " +
+      std::to_string(reinterpret_cast<std::intptr_t>(t.data) - reinterpret_cast<std::intptr_t>(other.data)) +
+      " bytes from " + other_name;
+  const SharedElements shared = t.dtype == other.dtype ? views_share_element(t, other) : SharedElements::unknown;
+  if (shared == SharedElements::yes) {
     fail(std::string(name) + ": expected memory disjoint from " + other_name +
-         " (each output written once), got views that share elements (" + name + " starts " +
-         std::to_string(reinterpret_cast<std::intptr_t>(t.data) - reinterpret_cast<std::intptr_t>(other.data)) +
-         " bytes from " + other_name + ")");
+         " (each output written once), got views that share elements (" + where + ")");
+  }
+  if (shared == SharedElements::unknown) {
+    fail(std::string(name) + ": expected memory disjoint from " + other_name +
+         " (each output written once), got overlapping byte ranges with strides too unrelated to prove their "
+         "elements distinct (" + where + "); pass each output in its own buffer or as views of one packed tensor");
   }
 }
 
@@ -305,6 +269,77 @@ void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
 }
 
 }  // namespace
+
+// Whether two views of one element size share an element, decided exactly: with element offsets
+// x = Σ i_d·t.stride[d] and y = Σ j_d·other.stride[d], some x − y must put the two elements' bytes
+// over each other, i.e. x − y = m for the one or two m with |data_t − data_other + m·es| < es.
+// That is a bounded linear Diophantine problem over at most 8 terms; the strides are visited
+// largest first (equal strides merged, so identical layouts, e.g. dq / dk / dv of one packed
+// dqkv tensor, give differences k ∈ [−(n−1), n−1]) and each coefficient is limited to the values
+// the smaller terms can still complete, which for nested strides (check_no_self_overlap) leaves
+// at most three per term. A node budget bounds exotic mixes of unrelated strides: past it the
+// answer is `unknown` and the caller refuses rather than risk a double write.
+SharedElements views_share_element(const TensorView& t, const TensorView& other, int64_t budget) {
+  using Shared = SharedElements;
+  const int64_t es = dtype_size(t.dtype);
+  struct Term {
+    int64_t stride, lo, hi;  // coefficient range [lo, hi]
+  };
+  Term terms[8];
+  int n = 0;
+  auto add = [&](const TensorView& v, int sign) {
+    for (int32_t d = 0; d < v.ndim; ++d) {
+      if (v.shape[d] <= 1) continue;
+      const int64_t stride = v.stride[d], c = v.shape[d] - 1;
+      int k = 0;
+      while (k < n && terms[k].stride != stride) ++k;
+      if (k == n) terms[n++] = {stride, 0, 0};
+      (sign > 0 ? terms[k].hi : terms[k].lo) += sign * c;
+    }
+  };
+  add(t, 1);
+  add(other, -1);
+  for (int k = 0; k < n; ++k)
+    if (terms[k].stride <= 0) return Shared::unknown;  // refused earlier for outputs; never guessed
+  std::sort(terms, terms + n, [](const Term& a, const Term& b) { return a.stride > b.stride; });
+  int64_t rest_lo[9] = {}, rest_hi[9] = {};  // what terms k.. can add up to
+  for (int k = n - 1; k >= 0; --k) {
+    rest_lo[k] = rest_lo[k + 1] + terms[k].lo * terms[k].stride;
+    rest_hi[k] = rest_hi[k + 1] + terms[k].hi * terms[k].stride;
+  }
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  auto ceil_div = [&](int64_t a, int64_t b) { return -floor_div(-a, b); };
+  // Whether terms k.. can sum to rem exactly.
+  auto reach = [&](auto&& self, int k, int64_t rem) -> Shared {
+    if (--budget < 0) return Shared::unknown;
+    if (rem < rest_lo[k] || rem > rest_hi[k]) return Shared::no;
+    if (k == n) return rem == 0 ? Shared::yes : Shared::no;
+    const Term& tm = terms[k];
+    const int64_t c_lo = std::max(tm.lo, ceil_div(rem - rest_hi[k + 1], tm.stride));
+    const int64_t c_hi = std::min(tm.hi, floor_div(rem - rest_lo[k + 1], tm.stride));
+    bool unknown = false;
+    for (int64_t c = c_lo; c <= c_hi; ++c) {
+      const Shared r = self(self, k + 1, rem - c * tm.stride);
+      if (r == Shared::yes) return r;
+      if (r == Shared::unknown) {
+        unknown = true;
+        if (budget < 0) break;
+      }
+    }
+    return unknown ? Shared::unknown : Shared::no;
+  };
+  // Bytes from other's data to t's: x·es + delta and y·es overlap iff |delta + (x − y)·es| < es.
+  const int64_t delta =
+      static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(t.data) - reinterpret_cast<std::uintptr_t>(other.data));
+  const int64_t m_lo = floor_div(-delta, es), m_hi = ceil_div(-delta, es);
+  Shared result = Shared::no;
+  for (int64_t m = m_lo; m <= m_hi; ++m) {
+    const Shared r = reach(reach, 0, m);
+    if (r == Shared::yes) return r;
+    if (r == Shared::unknown) result = r;
+  }
+  return result;
+}
 
 std::string cu_seqlens_error(const char* name, const int32_t* cu, int64_t batch, int64_t total,
                              const char* total_what, int64_t& longest, int64_t& longest_at) {

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "attn_problem.hpp"
+#include "common/params.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -358,11 +361,12 @@ const ErrorCase kCases[] = {
     // Outputs overlapping themselves. Base strides: out [120, 24, 6, 1], lse [20, 5, 1],
     // dq [160, 32, 8, 1], dv [84, 12, 6, 1]; varlen dk [16, 8, 1].
     {"OutStrideZero", Pass::forward, false, [](AttentionParams& a) { a.out.stride[1] = 0; }, "out",
-     "expected non-overlapping strides (each element written once), got stride[1] = 0 for shape[1] = 5"},
+     "expected nested strides, each at least the span of the dims with smaller strides (so that each element is "
+     "written once), got stride[1] = 0 for shape[1] = 5"},
     {"OutStridesInterleave", Pass::forward, false, [](AttentionParams& a) { a.out.stride[2] = 3; }, "out",
      "got stride[2] = 3 for shape[2] = 4, inside the 6 elements spanned by the dims with smaller strides"},
     {"LseStrideZero", Pass::forward, false, [](AttentionParams& a) { a.lse.stride[0] = 0; }, "lse",
-     "non-overlapping strides (each element written once), got stride[0] = 0 for shape[0] = 2"},
+     "(so that each element is written once), got stride[0] = 0 for shape[0] = 2"},
     {"DqBatchStrideInsideRows", Pass::backward, false, [](AttentionParams& a) { a.dq.stride[0] = 10; }, "dq",
      "got stride[0] = 10 for shape[0] = 2, inside the 32 elements"},
     {"DkStrideZeroVarlen", Pass::backward, true, [](AttentionParams& a) { a.dk.stride[1] = 0; }, "dk",
@@ -623,6 +627,98 @@ TEST(Validation, DenseOutputInsideAGappedOne) {
   // In the gap between dq's rows, but dk dense and longer than the gap: still shares elements.
   a.dk.data = packed.data() + 4 * 8;
   EXPECT_FALSE(plan(a, Pass::backward).ok);
+}
+
+// Fixed bug: two gapped views (neither dense) were not compared element by element, so dk placed
+// one sequence row into dq's interleaved packing was accepted and rows were written twice.
+TEST(Validation, GappedOutputsSharingAnElementAreRefused) {
+  ProblemConfig c = base_config(false);
+  c.seqlen_k = c.seqlen_q;
+  c.num_heads_k = c.num_heads;
+  c.head_dim_v = c.head_dim;
+  Problem pr(c, fresh_seed());
+  AttentionParams a = pr.params();
+  // One packed dqkv [batch 2, seqlen 5, 3, heads 4, dim 8]: dq, dk, dv in slots 0, 1, 2 are valid.
+  const int64_t row = 3 * 4 * 8;
+  std::vector<float> packed(static_cast<size_t>(2 * 5 * row));
+  for (TensorView* t : {&a.dq, &a.dk, &a.dv}) {
+    t->stride[0] = 5 * row;
+    t->stride[1] = row;
+    t->stride[2] = 8;
+  }
+  a.dq.data = packed.data();
+  a.dk.data = packed.data() + 4 * 8;
+  a.dv.data = packed.data() + 2 * 4 * 8;
+  EXPECT_TRUE(plan(a, Pass::backward).ok) << plan(a, Pass::backward).reason;
+  // dk one sequence row further: its row (b, s) is dq's row (b, s + 1).
+  a.dk.data = packed.data() + row;
+  Plan r = plan(a, Pass::backward);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("dk: expected memory disjoint from dq (each output written once), got views that share "
+                          "elements (dk starts 384 bytes from dq)"),
+            std::string::npos)
+      << r.reason;
+  // dv over dq's rows of batch 1: shares them.
+  a.dk.data = packed.data() + 4 * 8;
+  a.dv.data = packed.data() + 5 * row;
+  r = plan(a, Pass::backward);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.reason.find("dv: expected memory disjoint from dq"), std::string::npos) << r.reason;
+}
+
+TEST(Validation, ViewsShareElementIsExact) {
+  // Brute force against the search on small random nested layouts with gaps (one dtype).
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> storage(4096);
+  for (int trial = 0; trial < 2000; ++trial) {
+    auto view = [&](int64_t offset) {
+      TensorView v;
+      v.dtype = DType::f32;
+      v.ndim = 3;
+      v.data = storage.data() + offset;
+      int64_t span = 1;
+      for (int d = 2; d >= 0; --d) {
+        v.shape[d] = 1 + static_cast<int64_t>(rng() % 4);
+        v.stride[d] = d == 2 ? 1 : span + static_cast<int64_t>(rng() % 6);
+        span = v.stride[d] * v.shape[d];
+      }
+      return v;
+    };
+    const TensorView t = view(static_cast<int64_t>(rng() % 64)), o = view(static_cast<int64_t>(rng() % 64));
+    std::set<const float*> elements;
+    for (int64_t i = 0; i < t.shape[0]; ++i)
+      for (int64_t j = 0; j < t.shape[1]; ++j)
+        for (int64_t k = 0; k < t.shape[2]; ++k)
+          elements.insert(static_cast<const float*>(t.data) + i * t.stride[0] + j * t.stride[1] + k);
+    bool shared = false;
+    for (int64_t i = 0; i < o.shape[0]; ++i)
+      for (int64_t j = 0; j < o.shape[1]; ++j)
+        for (int64_t k = 0; k < o.shape[2]; ++k)
+          shared |= elements.count(static_cast<const float*>(o.data) + i * o.stride[0] + j * o.stride[1] + k) > 0;
+    const detail::SharedElements got = detail::views_share_element(t, o);
+    ASSERT_EQ(got, shared ? detail::SharedElements::yes : detail::SharedElements::no) << "trial " << trial;
+  }
+}
+
+TEST(Validation, ViewsShareElementGivesUpPastItsBudget) {
+  // The search stops at its node budget and says so (validate() then refuses the outputs).
+  std::vector<float> storage(1 << 12);
+  TensorView t, o;
+  for (TensorView* v : {&t, &o}) {
+    v->dtype = DType::f32;
+    v->ndim = 2;
+    v->shape[0] = 16;
+    v->shape[1] = 16;
+    v->stride[1] = 1;
+  }
+  t.stride[0] = 16;
+  o.stride[0] = 17;
+  t.data = storage.data();
+  o.data = storage.data() + 2000;  // past t's span: no
+  EXPECT_EQ(detail::views_share_element(t, o), detail::SharedElements::no);
+  o.data = storage.data() + 100;
+  EXPECT_EQ(detail::views_share_element(t, o), detail::SharedElements::yes);
+  EXPECT_EQ(detail::views_share_element(t, o, 1), detail::SharedElements::unknown);
 }
 
 TEST(Validation, BroadcastInputsMayOverlapThemselves) {
