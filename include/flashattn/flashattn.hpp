@@ -116,7 +116,10 @@ struct AttentionParams {
   TensorView alibi_slopes;         // float32 [num_heads] or [batch, num_heads]
 
   bool deterministic = false;  // backward: bitwise-repeatable results (no atomics on the GPU)
-  int num_threads = 0;         // CPU: 0 = all hardware threads
+  // CPU: 0 = all hardware threads. The backward runs fewer when its per-thread dQ buffers (each a
+  // whole (batch, KV head) group of fp32 rows) would take more than half the available memory, and
+  // throws Error when even one does not fit.
+  int num_threads = 0;
   void* stream = nullptr;      // CUDA: cudaStream_t, nullptr = default stream
 };
 

@@ -24,6 +24,7 @@
 
 #include "common/backends.hpp"
 #include "cpu/gemm_kernel.hpp"
+#include "cpu/memory.hpp"
 #include "cpu/tile_common.hpp"
 #include "cpu/tile_traits.hpp"
 
@@ -253,12 +254,31 @@ void backward(const detail::Params& p) {
   const TileShape ts = bwd_tile(p);
   int64_t key_tiles = 0;
   for (int64_t b = 0; b < p.batch; ++b) key_tiles += p.num_heads_k * ((p.k_len(b) + ts.block_n - 1) / ts.block_n);
-  const int threads = effective_threads(p, key_tiles);
-  const int lists = threads == 1 ? 1 : 2 * threads;
   const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
+  auto dq_floats_for = [&](int lists) {
+    int64_t floats = 0;
+    for (const GroupBatch& gb : plan_batches(p, ts, lists)) floats = std::max(floats, gb.floats);
+    return floats;
+  };
+  // The dQ lists dominate the memory (each covers a whole (batch, KV head) group: MQA with 64 heads
+  // at seqlen 4096, head_dim 256 is 268 MB per list). Fewer lists, then fewer threads, when they
+  // would take more than half of what is available (memory.hpp says why not wait for bad_alloc).
+  const int64_t available = available_memory_bytes();
+  const ListPlan fit = fit_dq_lists(effective_threads(p, key_tiles), available / 2,
+                                    [&](int lists) { return 4 * static_cast<int64_t>(lists) * dq_floats_for(lists); });
+  const int threads = fit.threads, lists = fit.lists;
   const std::vector<GroupBatch> batches = plan_batches(p, ts, lists);
   int64_t dq_floats = 0;
   for (const GroupBatch& gb : batches) dq_floats = std::max(dq_floats, gb.floats);
+  const double need_bytes = 4.0 * (static_cast<double>(lists) * static_cast<double>(dq_floats) +
+                                   static_cast<double>(total_q_rows(p) * p.num_heads));
+  auto mib = [](double bytes) { return std::to_string(static_cast<int64_t>(std::ceil(bytes / (1024.0 * 1024.0)))); };
+  if (need_bytes > static_cast<double>(available)) {
+    throw Error("cpu backward: out of memory: needs " + mib(need_bytes) + " MiB for " + std::to_string(lists) +
+                " dQ list(s) of " + std::to_string(dq_floats) + " floats (one (batch, KV head) group: " +
+                std::to_string(group) + " query heads x seqlen_q x head_dim) and the row statistics, " +
+                mib(static_cast<double>(available)) + " MiB available");
+  }
 
   // Every working buffer is allocated here, before anything is written, and a failure becomes an
   // Error naming the sizes (instead of std::bad_alloc, or a partly written dq/dk/dv).
@@ -274,8 +294,7 @@ void backward(const detail::Params& p) {
     for (auto& acc : dq_acc) acc.reserve(static_cast<size_t>(dq_floats));
     sums.resize(static_cast<size_t>(threads * dp16));
   } catch (const std::bad_alloc&) {
-    const double mib = 4.0 * static_cast<double>(lists) * static_cast<double>(dq_floats) / (1024.0 * 1024.0);
-    throw Error("cpu backward: out of memory allocating " + std::to_string(static_cast<int64_t>(std::ceil(mib))) +
+    throw Error("cpu backward: out of memory allocating " + mib(4.0 * lists * static_cast<double>(dq_floats)) +
                 " MiB of dQ buffers (" + std::to_string(lists) + " lists of " + std::to_string(dq_floats) +
                 " floats for " + std::to_string(threads) + " threads) and the per-thread scratch; lower num_threads");
   }

@@ -5,6 +5,10 @@
 //  - *Nan*/*Overflow*: a NaN score (NaN input, or inf − inf from overflowing products) was
 //    treated as a masked key (exp2(NaN) = 0), so a poisoned row came out as 0 with lse −inf.
 //  - BackwardHugeNumThreads: num_threads had no cap in the backward (4 x num_threads dQ buffers).
+//  - BackwardDqListsFitMemory: the dQ lists (2 per thread, each a whole (batch, KV head) group)
+//    were only reserved, never checked against the memory there is; under a memory cap the
+//    process was OOM-killed instead of getting an Error (MQA 64 heads, seqlen 4096, head_dim 256,
+//    8 threads: 4.2 GB).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "attn_problem.hpp"
+#include "cpu/memory.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -297,6 +302,27 @@ TEST(CpuRegression, BackwardHugeNumThreads) {
   EXPECT_TRUE(check_close("dq", pr.dq.to_dense(), ref.dq, naive.dq, DType::f32, g));
   EXPECT_TRUE(check_close("dk", pr.dk.to_dense(), ref.dk, naive.dk, DType::f32, g));
   EXPECT_TRUE(check_close("dv", pr.dv.to_dense(), ref.dv, naive.dv, DType::f32, g));
+}
+
+TEST(CpuRegression, BackwardDqListsFitMemory) {
+  // bytes(lists) = 100 per list: 8 threads want 16 lists (1600 bytes).
+  auto bytes = [](int lists) { return 100 * static_cast<int64_t>(lists); };
+  cpu::ListPlan plan = cpu::fit_dq_lists(8, 1 << 20, bytes);
+  EXPECT_EQ(plan.threads, 8);
+  EXPECT_EQ(plan.lists, 16);
+  plan = cpu::fit_dq_lists(8, 1000, bytes);  // 16 lists do not fit, 8 (one per thread) do
+  EXPECT_EQ(plan.threads, 8);
+  EXPECT_EQ(plan.lists, 8);
+  plan = cpu::fit_dq_lists(8, 450, bytes);  // then halve the threads: 4 threads, 4 lists
+  EXPECT_EQ(plan.threads, 4);
+  EXPECT_EQ(plan.lists, 4);
+  plan = cpu::fit_dq_lists(8, 10, bytes);  // nothing fits: the smallest plan (the caller raises)
+  EXPECT_EQ(plan.threads, 1);
+  EXPECT_EQ(plan.lists, 1);
+  plan = cpu::fit_dq_lists(1, 10, bytes);
+  EXPECT_EQ(plan.lists, 1);
+  // This machine reports what it has (MemAvailable at least).
+  EXPECT_GT(cpu::available_memory_bytes(), 0);
 }
 
 }  // namespace
