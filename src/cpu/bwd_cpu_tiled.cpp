@@ -19,6 +19,7 @@
 // fp32 backward. dQ buffers cover a batch of (batch, KV head) groups at a time: about 16 MiB in
 // all, but at least one group, i.e. lists x (num_heads / num_heads_k) x seqlen_q x head_dim fp32.
 #include <cmath>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -263,9 +264,14 @@ void backward(const detail::Params& p) {
   // The dQ lists dominate the memory (each covers a whole (batch, KV head) group: MQA with 64 heads
   // at seqlen 4096, head_dim 256 is 268 MB per list). Fewer lists, then fewer threads, when they
   // would take more than half of what is available (memory.hpp says why not wait for bad_alloc).
-  const int64_t available = available_memory_bytes();
-  const ListPlan fit = fit_dq_lists(effective_threads(p, key_tiles), available / 2,
-                                    [&](int lists) { return 4 * static_cast<int64_t>(lists) * dq_floats_for(lists); });
+  // Reading /proc and the cgroup files takes ~0.2 ms, more than a small backward: only plans of
+  // 256 MiB and up ask.
+  auto dq_bytes = [&](int lists) { return 4 * static_cast<int64_t>(lists) * dq_floats_for(lists); };
+  const int preferred = effective_threads(p, key_tiles);
+  const int64_t available = dq_bytes(preferred == 1 ? 1 : 2 * preferred) < (int64_t{256} << 20)
+                                ? std::numeric_limits<int64_t>::max()
+                                : available_memory_bytes();
+  const ListPlan fit = fit_dq_lists(preferred, available / 2, dq_bytes);
   const int threads = fit.threads, lists = fit.lists;
   const std::vector<GroupBatch> batches = plan_batches(p, ts, lists);
   int64_t dq_floats = 0;
