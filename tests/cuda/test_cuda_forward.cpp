@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,54 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward, ::testing::ValuesIn(forward_cases(
 
 // plan() names the kernel that forward() runs: the Hopper kernel on an sm_90 device when this
 // build has it (unless FLASHATTN_CUDA_FWD=sm80 forces the sm80 one), the sm80 kernel elsewhere.
+// Scores that rise by more than 2^8 per key tile towards key 0, the tile the kernels visit last:
+// every tile moves the running max by a large step, at different tiles for different rows, so O
+// and the row sums are rescaled by factors far from 1 (random inputs rarely move the max by much).
+TEST(CudaForwardMisc, RunningMaxRisesAcrossTiles) {
+  FLASHATTN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128, 256}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " head_dim " + std::to_string(d));
+      ProblemConfig c;
+      c.dtype = dt;
+      c.batch = 1;
+      c.seqlen_q = 300;
+      c.seqlen_k = 1100;
+      c.num_heads = 2;
+      c.num_heads_k = 2;
+      c.head_dim = d;
+      c.head_dim_v = d;
+      Problem pr(c, seed + static_cast<uint64_t>(d));
+      // q rows = u + noise (one u per head), key j = u · ramp(j) + noise, ramp 4 -> 0 over the keys:
+      // scores ≈ sqrt(d) · ramp(j), up to ~45 (log2 units ~65) at head_dim 128.
+      std::vector<double> q = pr.q.to_dense(), k = pr.k.to_dense();
+      std::mt19937_64 rng(seed);
+      std::normal_distribution<double> normal;
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        std::vector<double> u(static_cast<size_t>(d));
+        for (double& x : u) x = normal(rng);
+        for (int64_t i = 0; i < c.seqlen_q; ++i)
+          for (int64_t x = 0; x < d; ++x) q[(i * c.num_heads + h) * d + x] = u[x] + 0.3 * normal(rng);
+        for (int64_t j = 0; j < c.seqlen_k; ++j) {
+          const double ramp = 4.0 * (1.0 - static_cast<double>(j) / static_cast<double>(c.seqlen_k));
+          for (int64_t x = 0; x < d; ++x) k[(j * c.num_heads_k + h) * d + x] = u[x] * ramp + 0.3 * normal(rng);
+        }
+      }
+      pr.q.set(q);
+      pr.k.set(k);
+      GpuProblem g(pr, GpuLayout::contiguous);
+      forward(g.params());
+      const std::vector<double> out = g.out.to_dense();  // downloads
+      EXPECT_TRUE(g.out.all_written("out"));
+      const DenseResults& ref = pr.reference(Precision::f64, false);
+      const DenseResults& naive = pr.reference(Precision::input, false);
+      EXPECT_TRUE(check_close("out", out, ref.out, naive.out, dt));
+      EXPECT_TRUE(check_close("lse", g.lse_dense(), ref.lse, naive.lse, DType::f32));
+    }
+}
+
 TEST(CudaForwardMisc, KernelChoice) {
   FLASHATTN_REQUIRE_GPU();
   ProblemConfig c = base(DType::bf16, 1, 64, 64, 2, 2, 128);
