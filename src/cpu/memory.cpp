@@ -34,9 +34,9 @@ int64_t read_keyed(const std::string& path, const std::string& key) {
   return -1;
 }
 
-// What the cgroup directory `dir` (and each of its ancestors up to `root`, whose limits apply too)
-// still lets this process charge: limit − (usage − inactive file cache, which the kernel reclaims
-// before it kills). INT64_MAX where no level has a limit.
+// What the cgroup at root + rel and each of its ancestors up to root (their limits apply too) still
+// let this process charge: limit − (usage − inactive file cache, which the kernel reclaims before
+// it kills). INT64_MAX where no level has a limit.
 int64_t cgroup_headroom(const std::string& root, std::string rel, const char* limit_file, const char* usage_file,
                         const char* inactive_key) {
   int64_t headroom = std::numeric_limits<int64_t>::max();
