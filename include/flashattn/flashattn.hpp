@@ -43,8 +43,10 @@
 //   alibi_slopes float32 [num_heads] or [batch, num_heads], finite (checked for host slopes).
 // Every data pointer is aligned to its element size (the CUDA backend: 16 bytes for q, k, v, out and
 // the gradients). cu_seqlens end at the packed row count (checked on both backends, on CUDA by one
-// device-to-host copy per call, skipped under stream capture). Outputs share no element with an
-// input or with each other (packed dq/dk/dv views of one buffer are fine).
+// device-to-host copy per call, skipped under stream capture). Outputs share no byte with an input
+// and no element with each other (packed dq/dk/dv views of one buffer are fine: element sets are
+// compared exactly), and each output's strides are nested (each at least the span of the dims
+// with smaller strides, so that no element is reached twice).
 // GQA/MQA: num_heads must be a multiple of num_heads_k; query head h reads KV head h / (num_heads / num_heads_k),
 // and dk/dv of a KV head are sums over its query heads.
 #pragma once
