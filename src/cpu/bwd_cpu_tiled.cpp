@@ -249,6 +249,13 @@ std::vector<GroupBatch> plan_batches(const detail::Params& p, const TileShape& t
   return batches;
 }
 
+// The dQ buffer size per list: the largest batch's.
+int64_t dq_list_floats(const std::vector<GroupBatch>& batches) {
+  int64_t floats = 0;
+  for (const GroupBatch& gb : batches) floats = std::max(floats, gb.floats);
+  return floats;
+}
+
 }  // namespace
 
 void backward(const detail::Params& p) {
@@ -256,26 +263,24 @@ void backward(const detail::Params& p) {
   int64_t key_tiles = 0;
   for (int64_t b = 0; b < p.batch; ++b) key_tiles += p.num_heads_k * ((p.k_len(b) + ts.block_n - 1) / ts.block_n);
   const int64_t group = p.num_heads / p.num_heads_k, dp16 = simd::round_up(p.head_dim, simd::kLanes);
-  auto dq_floats_for = [&](int lists) {
-    int64_t floats = 0;
-    for (const GroupBatch& gb : plan_batches(p, ts, lists)) floats = std::max(floats, gb.floats);
-    return floats;
-  };
   // The dQ lists dominate the memory (each covers a whole (batch, KV head) group: MQA with 64 heads
   // at seqlen 4096, head_dim 256 is 268 MB per list). Fewer lists, then fewer threads, when they
   // would take more than half of what is available (memory.hpp says why not wait for bad_alloc).
   // Reading /proc and the cgroup files takes ~0.2 ms, more than a small backward: only plans of
   // 256 MiB and up ask.
-  auto dq_bytes = [&](int lists) { return 4 * static_cast<int64_t>(lists) * dq_floats_for(lists); };
-  const int preferred = effective_threads(p, key_tiles);
-  const int64_t available = dq_bytes(preferred == 1 ? 1 : 2 * preferred) < (int64_t{256} << 20)
-                                ? std::numeric_limits<int64_t>::max()
-                                : available_memory_bytes();
-  const ListPlan fit = fit_dq_lists(preferred, available / 2, dq_bytes);
+  const ListPlan preferred = preferred_dq_lists(effective_threads(p, key_tiles));
+  std::vector<GroupBatch> batches = plan_batches(p, ts, preferred.lists);
+  int64_t available = std::numeric_limits<int64_t>::max();
+  ListPlan fit = preferred;
+  if (4 * static_cast<int64_t>(preferred.lists) * dq_list_floats(batches) >= (int64_t{256} << 20)) {
+    available = available_memory_bytes();
+    fit = fit_dq_lists(preferred.threads, available / 2, [&](int lists) {
+      return 4 * static_cast<int64_t>(lists) * dq_list_floats(plan_batches(p, ts, lists));
+    });
+    if (fit.lists != preferred.lists) batches = plan_batches(p, ts, fit.lists);
+  }
   const int threads = fit.threads, lists = fit.lists;
-  const std::vector<GroupBatch> batches = plan_batches(p, ts, lists);
-  int64_t dq_floats = 0;
-  for (const GroupBatch& gb : batches) dq_floats = std::max(dq_floats, gb.floats);
+  const int64_t dq_floats = dq_list_floats(batches);
   const double need_bytes = 4.0 * (static_cast<double>(lists) * static_cast<double>(dq_floats) +
                                    static_cast<double>(total_q_rows(p) * p.num_heads));
   auto mib = [](double bytes) { return std::to_string(static_cast<int64_t>(std::ceil(bytes / (1024.0 * 1024.0)))); };

@@ -21,9 +21,10 @@ int64_t available_memory_bytes();
 struct ListPlan {
   int threads, lists;
 };
+inline ListPlan preferred_dq_lists(int threads) { return {threads, threads == 1 ? 1 : 2 * threads}; }
 template <typename Bytes>
 ListPlan fit_dq_lists(int threads, int64_t budget, Bytes&& bytes) {
-  ListPlan plan{threads, threads == 1 ? 1 : 2 * threads};
+  ListPlan plan = preferred_dq_lists(threads);
   while (plan.lists > 1 && bytes(plan.lists) > budget) {
     if (plan.lists > plan.threads) {
       plan.lists = plan.threads;
