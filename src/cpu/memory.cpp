@@ -59,7 +59,12 @@ int64_t cgroup_headroom(const std::string& root, std::string rel, const char* li
 int64_t available_memory_bytes() {
   int64_t avail = std::numeric_limits<int64_t>::max();
   const int64_t mem_kib = read_keyed("/proc/meminfo", "MemAvailable:");
-  if (mem_kib >= 0) avail = mem_kib * 1024;
+  const long free_pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (mem_kib >= 0) {
+    avail = mem_kib * 1024;
+  } else if (free_pages > 0 && page > 0) {  // no MemAvailable (other systems, old kernels)
+    avail = static_cast<int64_t>(free_pages) * page;
+  }
   // This process's own cgroup (v2 "0::/path", v1 "N:...memory...:/path"), not just the root's: a
   // limit set by systemd-run, a child cgroup or a container without a cgroup namespace is there.
   std::ifstream cgroups("/proc/self/cgroup");
@@ -80,7 +85,7 @@ int64_t available_memory_bytes() {
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
     const int64_t pages = read_integer("/proc/self/statm");  // first field: the virtual size in pages
     if (pages >= 0) {
-      const int64_t used = pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+      const int64_t used = pages * static_cast<int64_t>(page);
       avail = std::min(avail, std::max<int64_t>(0, static_cast<int64_t>(as.rlim_cur) - used));
     }
   }

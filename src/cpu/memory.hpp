@@ -8,11 +8,12 @@
 
 namespace flashattn::cpu {
 
-// Bytes this process can still get: /proc/meminfo's MemAvailable, lowered to what the process's
-// own cgroup and each of its ancestors still allow where they set a limit (limit minus usage,
-// inactive file cache not counted as used: v2 memory.max / memory.current, v1
-// memory.limit_in_bytes / memory.usage_in_bytes), and to the address-space limit (RLIMIT_AS)
-// minus the current virtual size; INT64_MAX when none of them can be read (other systems).
+// Bytes this process can still get: /proc/meminfo's MemAvailable (else the free physical pages),
+// lowered to what the process's own cgroup and each of its ancestors still allow where they set a
+// limit (limit minus usage, inactive file cache not counted as used: v2 memory.max /
+// memory.current, v1 memory.limit_in_bytes / memory.usage_in_bytes), and to the address-space
+// limit (RLIMIT_AS) minus the current virtual size; INT64_MAX when none of them can be read. The
+// backward's dQ plan and the CLI's output-size check (tools/commands/common.cpp) both ask it.
 int64_t available_memory_bytes();
 
 // Threads and dQ lists for the backward (results depend on `lists`: each list's dQ partial sum is

@@ -10,11 +10,9 @@
 #include <memory>
 #include <utility>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include "common/half.hpp"
 #include "common/params.hpp"
+#include "cpu/memory.hpp"
 #include "reference/reference.hpp"
 #if FLASHATTN_WITH_CUDA
 #include "device/cuda_copy.hpp"
@@ -178,30 +176,6 @@ OutputShapes output_shapes(const Tensors& t, bool backward) {
   return s;
 }
 
-// MemAvailable from /proc/meminfo (Linux), else the free physical pages; 0 when unknown.
-uint64_t system_memory() {
-  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    bool found = false;
-    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
-    std::fclose(f);
-    if (found) return static_cast<uint64_t>(kib) * 1024;
-  }
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
-// Bytes of memory the process can still get without swapping: the system's, capped by the
-// address-space limit (ulimit -v); 0 when unknown.
-uint64_t available_memory() {
-  uint64_t limit = std::numeric_limits<uint64_t>::max();
-  rlimit as{};
-  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) limit = static_cast<uint64_t>(as.rlim_cur);
-  const uint64_t system = system_memory();
-  return system == 0 ? (limit == std::numeric_limits<uint64_t>::max() ? 0 : limit) : std::min(system, limit);
-}
-
 std::string gib(uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / double(uint64_t{1} << 30));
@@ -222,8 +196,10 @@ void check_memory(const OutputShapes& s, DType dtype) {
     total = total > std::numeric_limits<uint64_t>::max() - bytes ? std::numeric_limits<uint64_t>::max() : total + bytes;
     names += (names.empty() ? "" : ", ") + std::string(name);
   }
-  const uint64_t available = available_memory();
-  if (available > 0 && total > available) {
+  // The library's answer (MemAvailable, the cgroup's limit, the address-space limit): INT64_MAX
+  // when nothing says, and then nothing is refused here.
+  const uint64_t available = static_cast<uint64_t>(cpu::available_memory_bytes());
+  if (total > available) {
     throw Error("outputs: " + names + " need " + gib(total) + " (out " + io::shape_string(s.out) +
                 "), more than the " + gib(available) + " of memory available");
   }
