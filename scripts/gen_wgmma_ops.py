@@ -4,6 +4,7 @@ wgmma forms the sm90 kernels use (PTX ISA, "wgmma.mma_async"):
 
   ss: D(64xN, f32) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)      (S = Q K^T)
   rs: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, MN-major)     (O += P V, dV += Pᵀ dO)
+  rk: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, K-major)      (S = Q K^T, Q in registers)
   tt: D(64xN, f32) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)     (dQ += dS K)
   st: D(64xN, f32) (+)= A(64x16, smem, K-major)  * B(16xN, smem, MN-major)     (dV += Pᵀ dO, Pᵀ shared)
 
@@ -35,6 +36,21 @@ def emit_smem_form(name, n, nacc, ptx_type, acc_ops, trans):
     ]
 
 
+def emit_register_form(name, n, nacc, ptx_type, acc_ops, trans_b):
+    """A form with A from registers (the m16n8k16 A fragment of each warp's 16 rows); trans_b 1 = MN-major."""
+    a0, bd, sc = nacc, nacc + 4, nacc + 5
+    return [
+        "  __device__ __forceinline__ static void %s(float (&d)[%d], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {"
+        % (name, nacc),
+        '    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc,
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
+        f'        "{{{regs(0, nacc)}}}, {{{regs(a0, 4)}}}, %{bd}, p, 1, 1, {trans_b};\\n}}\\n"',
+        f'        : {acc_ops}',
+        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));',
+        "  }",
+    ]
+
+
 def emit(tag, ptx_type, n):
     nacc = n // 2
     acc_ops = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
@@ -42,16 +58,8 @@ def emit(tag, ptx_type, n):
     out += emit_smem_form("ss", n, nacc, ptx_type, acc_ops, (0, 0))  # both K-major
     out += emit_smem_form("tt", n, nacc, ptx_type, acc_ops, (1, 1))  # both MN-major (transposed)
     out += emit_smem_form("st", n, nacc, ptx_type, acc_ops, (0, 1))  # A K-major, B MN-major
-    # rs: A from registers, B MN-major
-    a0, bd, sc = nacc, nacc + 4, nacc + 5
-    out.append(
-        "  __device__ __forceinline__ static void rs(float (&d)[%d], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {" % nacc)
-    out.append('    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc)
-    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "')
-    out.append(f'        "{{{regs(0, nacc)}}}, {{{regs(a0, 4)}}}, %{bd}, p, 1, 1, 1;\\n}}\\n"')
-    out.append(f'        : {acc_ops}')
-    out.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));')
-    out.append("  }")
+    out += emit_register_form("rs", n, nacc, ptx_type, acc_ops, 1)  # B MN-major
+    out += emit_register_form("rk", n, nacc, ptx_type, acc_ops, 0)  # B K-major
     out.append("};\n")
     return "\n".join(out)
 

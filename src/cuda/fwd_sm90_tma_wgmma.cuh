@@ -241,6 +241,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (nb_max > nb_min) {
         float s[BN / 2];
         uint32_t pf[BN / 16][4];
+        // Q as wgmma A fragments (Cfg::kQInRegs): loaded once per tile, so that S = Q Kᵀ reads
+        // only K from shared memory.
+        uint32_t qf[Cfg::kQInRegs ? D / 16 : 1][4];
 
         // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
         // every 4 steps to the next 64-column panel.
@@ -251,7 +254,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
             const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
-            Wgmma<Elem, BN>::ss(s, desc_advance(q_mine, qa), desc_advance(k_desc, ka), kk > 0);
+            if constexpr (Cfg::kQInRegs)
+              Wgmma<Elem, BN>::rk(s, qf[kk], desc_advance(k_desc, ka), kk > 0);
+            else
+              Wgmma<Elem, BN>::ss(s, desc_advance(q_mine, qa), desc_advance(k_desc, ka), kk > 0);
           }
           wgmma_commit();
         };
@@ -264,9 +270,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, D>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
           wgmma_commit();
         };
+        // Q's fragments too: the tensor cores read them until S is complete, so the compiler must
+        // not reuse their registers before this point.
         auto fence_s = [&] {
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
+          if constexpr (Cfg::kQInRegs)
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) fence_operand(qf[kk][r]);
         };
         // After the P V product completes: O is final for this tile, and P's registers (read by the
         // tensor cores until now) may be reused.
@@ -380,6 +393,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         mbar_wait(q_full, loaded & 1);
         ++loaded;
+        if constexpr (Cfg::kQInRegs) {
+          // Warp w's 16 rows as four 8x8 matrices per k-step (rows +0 / +8, columns +0 / +8: the
+          // m16n8k16 A fragment order); lane L addresses row L % 16, 16-byte chunk L / 16. The
+          // producer may load the next tile's Q as soon as every warp has its fragments.
+          const int q_row = cw * 64 + warp * 16 + (lane % 16);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            ldmatrix_x4(qf[kk], sQ + swizzled_chunk<BM>(q_row, 2 * kk + lane / 16));
+          release(q_empty);
+        }
         float alpha[2];
         // First tile: S, softmax; O is still zero, so nothing to rescale.
         mbar_wait(k_full(stage), phase);
@@ -424,7 +447,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           phase = next_phase;
         }
         // Every S = Q Kᵀ of the tile is complete: the producer may load the next tile's Q.
-        release(q_empty);
+        if constexpr (!Cfg::kQInRegs) release(q_empty);
         mbar_wait(v_full(stage), phase);
         my_turn();
         issue_pv(stage);

@@ -105,6 +105,12 @@ struct FwdSm90Config {
   // 128 for 512 (scripts/gpu_check.sh build checks ptxas's report against these).
   static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  // S = Q Kᵀ with Q's A fragments in registers (head_dim / 4 per thread) instead of shared memory:
+  // per key tile the two consumers then read 64 KB of operands for S instead of 96 KB, next to
+  // P V's 64 KB and the ring's 64 KB of TMA writes, against 128 bytes per clock of shared memory
+  // over the tile's 2048 tensor cycles. Two consumers only: with three (160 registers each) the
+  // fragments spill.
+  static constexpr bool kQInRegs = kHeadDim <= 128 && kBlockM == 128;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
   // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
