@@ -299,13 +299,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).
         const uint64_t do_mn = make_desc(sDO(s), BM * 128, 1024), q_mn = make_desc(sQ(s), BM * 128, 1024);
+        // Experiment: dV now, dK after dQ, so that dQ's staging runs under dK's product.
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
           Wgmma<Elem, D>::rs(dv, pf[kk], desc_advance(do_mn, kk * 16 * 128), t > 0 || kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)
-          Wgmma<Elem, D>::rs(dk, dsf[kk], desc_advance(q_mn, kk * 16 * 128), t > 0 || kk > 0);
         wgmma_commit();
 
         if (t + 1 < iters) store_stats(t + 1, next_stat);
@@ -329,23 +327,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Wgmma<Elem, 64>::tt(dq, desc_advance(ds_desc, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
         wgmma_commit();
         if (cw == 0) named_barrier_arrive(15, 256);
-        wgmma_wait<1>();  // dV and dK done: Q, dO and the statistics of stage s are free
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-          fence_operand(dk[i]);
-          fence_operand(dv[i]);
-        }
-        // Pᵀ and dSᵀ were read by the tensor cores until now: keep their registers from reuse.
+        for (int kk = 0; kk < BM / 16; ++kk)
+          Wgmma<Elem, D>::rs(dk, dsf[kk], desc_advance(q_mn, kk * 16 * 128), t > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ done (dK still runs)
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) fence_operand(dv[i]);
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            fence_operand(pf[kk][r]);
-            fence_operand(dsf[kk][r]);
-          }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(s));
-        wgmma_wait<0>();
+          for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
 #pragma unroll
         for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
 
@@ -360,6 +352,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
           }
         fence_proxy_async();
+        wgmma_wait<0>();  // dK done: Q, dO and the statistics of stage s are free
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) fence_operand(dk[i]);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) fence_operand(dsf[kk][r]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));
         named_barrier_sync(4 + cw, 128);
         if (tid == 0) {
           // Rows past the sequence end hold exact zeros (their dS columns are 0); the
