@@ -299,7 +299,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).
         const uint64_t do_mn = make_desc(sDO(s), BM * 128, 1024), q_mn = make_desc(sQ(s), BM * 128, 1024);
-        // Experiment: dV now, dK after dQ, so that dQ's staging runs under dK's product.
+        // dV first, dK after dQ, so that dQ's staging runs under dK's product (session 16: -2.7 %
+        // kernel time at head_dim 128).
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)
