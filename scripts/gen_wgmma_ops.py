@@ -21,32 +21,24 @@ def regs(first, count):
     return ",".join(f"%{i}" for i in range(first, first + count))
 
 
-def emit_smem_form(name, n, nacc, ptx_type, acc_ops, trans):
-    """A form with both operands from shared memory; trans = (imm-trans-a, imm-trans-b), 1 = MN-major."""
-    a, b, sc = nacc, nacc + 1, nacc + 2
+def emit_form(name, n, nacc, ptx_type, acc_ops, a_in_registers, trans):
+    """One wgmma form. A from shared memory (a descriptor) or from registers (the m16n8k16 A
+    fragment of each warp's 16 rows, 4 registers); B from shared memory. trans = (imm-trans-a,
+    imm-trans-b), 1 = MN-major; the register form has no imm-trans-a."""
+    if a_in_registers:
+        a_param, a_ops, a_inputs = "const uint32_t (&a)[4]", "{%s}" % regs(nacc, 4), '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])'
+        b, transposes = nacc + 4, f"{trans[1]}"
+    else:
+        a_param, a_ops, a_inputs = "uint64_t desc_a", f"%{nacc}", '"l"(desc_a)'
+        b, transposes = nacc + 1, f"{trans[0]}, {trans[1]}"
     return [
-        "  __device__ __forceinline__ static void %s(float (&d)[%d], uint64_t desc_a, uint64_t desc_b, int accumulate) {"
-        % (name, nacc),
-        '    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc,
+        "  __device__ __forceinline__ static void %s(float (&d)[%d], %s, uint64_t desc_b, int accumulate) {"
+        % (name, nacc, a_param),
+        '    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (b + 1),
         f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
-        f'        "{{{regs(0, nacc)}}}, %{a}, %{b}, p, 1, 1, {trans[0]}, {trans[1]};\\n}}\\n"',
+        f'        "{{{regs(0, nacc)}}}, {a_ops}, %{b}, p, 1, 1, {transposes};\\n}}\\n"',
         f'        : {acc_ops}',
-        '        : "l"(desc_a), "l"(desc_b), "r"(accumulate));',
-        "  }",
-    ]
-
-
-def emit_register_form(name, n, nacc, ptx_type, acc_ops, trans_b):
-    """A form with A from registers (the m16n8k16 A fragment of each warp's 16 rows); trans_b 1 = MN-major."""
-    a0, bd, sc = nacc, nacc + 4, nacc + 5
-    return [
-        "  __device__ __forceinline__ static void %s(float (&d)[%d], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {"
-        % (name, nacc),
-        '    asm volatile(\n        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % sc,
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
-        f'        "{{{regs(0, nacc)}}}, {{{regs(a0, 4)}}}, %{bd}, p, 1, 1, {trans_b};\\n}}\\n"',
-        f'        : {acc_ops}',
-        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));',
+        f'        : {a_inputs}, "l"(desc_b), "r"(accumulate));',
         "  }",
     ]
 
@@ -55,11 +47,11 @@ def emit(tag, ptx_type, n):
     nacc = n // 2
     acc_ops = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
     out = [f"template <>\nstruct Wgmma<{tag}, {n}> {{"]
-    out += emit_smem_form("ss", n, nacc, ptx_type, acc_ops, (0, 0))  # both K-major
-    out += emit_smem_form("tt", n, nacc, ptx_type, acc_ops, (1, 1))  # both MN-major (transposed)
-    out += emit_smem_form("st", n, nacc, ptx_type, acc_ops, (0, 1))  # A K-major, B MN-major
-    out += emit_register_form("rs", n, nacc, ptx_type, acc_ops, 1)  # B MN-major
-    out += emit_register_form("rk", n, nacc, ptx_type, acc_ops, 0)  # B K-major
+    out += emit_form("ss", n, nacc, ptx_type, acc_ops, False, (0, 0))  # both K-major
+    out += emit_form("tt", n, nacc, ptx_type, acc_ops, False, (1, 1))  # both MN-major (transposed)
+    out += emit_form("st", n, nacc, ptx_type, acc_ops, False, (0, 1))  # A K-major, B MN-major
+    out += emit_form("rs", n, nacc, ptx_type, acc_ops, True, (None, 1))  # A registers, B MN-major
+    out += emit_form("rk", n, nacc, ptx_type, acc_ops, True, (None, 0))  # A registers, B K-major
     out.append("};\n")
     return "\n".join(out)
 
