@@ -15,6 +15,7 @@
 //       dV += Pᵀ dO, dK += dSᵀ Q                   wgmma with Pᵀ / dSᵀ from registers
 //       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
 //                                                  the fp32 tile goes out as one bulk reduce-add
+//     issued in the order dV, dQ, dK, so that dQ's staging runs while dK's product does;
 //     dK = scale · dK at the end.
 //     The consumers issue their products in a fixed order each step (consumer 0 first: named
 //     barriers 14 for Sᵀ / dPᵀ, 15 for dQ), so that the tensor cores finish one consumer's products
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
           }
         fence_proxy_async();
-        wgmma_wait<0>();  // dK done: Q, dO and the statistics of stage s are free
+        wgmma_wait<0>();  // dK done: Q(s) is free (dO(s) since dV completed)
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) fence_operand(dk[i]);
 #pragma unroll

@@ -8,7 +8,9 @@
 //     completing on a "full" mbarrier, and waits on "empty" mbarriers before reusing a buffer;
 //   - two or three consumers (240, persistent 232, or with three 160 registers each) own 64 query
 //     rows each (wgmma's M).
-//     Per key tile: S = Q K(j)ᵀ with wgmma from shared memory (both operands K-major), the online softmax on the
+//     Per key tile: S = Q K(j)ᵀ with wgmma, K from shared memory (K-major) and Q as A fragments
+//     in registers, loaded once per tile (two consumers; with three, Q is read from shared memory
+//     too: the fragments would not fit in 160 registers), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
 // Intra-warpgroup overlap (FA-3 Alg. 2): S(j+1) = Q K(j+1)ᵀ and O += P(j) V(j) are issued
@@ -149,8 +151,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
             tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
             if (nb == blk.nb_max - 1) {
-              // Q once the previous tile's consumers are past its last S = Q Kᵀ (after the first K,
-              // so that a free ring slot need not wait for that).
+              // Q once the previous tile's consumers have read theirs (into registers, or, where Q
+              // stays in shared memory, with the tile's last S = Q Kᵀ), after the first K, so that a
+              // free ring slot need not wait for that.
               mbar_wait(q_empty, (loaded & 1) ^ 1);
               mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
               tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
@@ -401,7 +404,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
             ldmatrix_x4(qf[kk], sQ + swizzled_chunk<BM>(q_row, 2 * kk + lane / 16));
-          release(q_empty);
+        // The next write to sQ is the producer's TMA (the async proxy): order these generic-proxy
+        // reads before it, as the PTX memory model asks for across proxies.
+        fence_proxy_async();
+        release(q_empty);
         }
         float alpha[2];
         // First tile: S, softmax; O is still zero, so nothing to rescale.

@@ -89,11 +89,12 @@ namespace flashattn::cuda {
 // TMA, and kStages K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes,
 // plus an O staging buffer of Q's size where that still fits in 227 KB (the persistent grid,
 // kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent, 160 with three
-// consumers): S = block_n / 2, P = block_n / 4, O = head_dim / 2, so block_n shrinks as head_dim
-// grows (FA-3's tile_size.h makes the same trade).
+// consumers): S = block_n / 2, P = block_n / 4, O = head_dim / 2, and with two consumers Q's A
+// fragments head_dim / 4 (kQInRegs), so block_n shrinks as head_dim grows (FA-3's tile_size.h makes
+// the same trade).
 //   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
 //             S 64 + P 32 + O 32 registers (block_m 128 for short masked problems: 128 KB).
-//   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64.
+//   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128>
 struct FwdSm90Config {
