@@ -109,12 +109,15 @@ struct AttentionParams {
   TensorView cu_seqlens_q, cu_seqlens_k;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 
-  float softmax_scale = 0.0f;  // 0 = 1/sqrt(head_dim)
+  // 0 = 1/sqrt(head_dim); else |softmax_scale| >= FLT_MIN (denormals are refused).
+  float softmax_scale = 0.0f;
   bool causal = false;
   CausalAlign causal_align = CausalAlign::bottom_right;
   int64_t window_size_left = -1;   // -1 = unbounded
   int64_t window_size_right = -1;  // -1 = unbounded (0 when causal)
-  float softcap = 0.0f;            // 0 = off
+  // 0 = off; else finite, >= FLT_MIN with a finite reciprocal, and softmax_scale / softcap a
+  // normal float32 (the scores are scaled by that ratio before tanh).
+  float softcap = 0.0f;
   TensorView alibi_slopes;         // float32 [num_heads] or [batch, num_heads]
 
   bool deterministic = false;  // backward: bitwise-repeatable results (no atomics on the GPU)

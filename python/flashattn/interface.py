@@ -53,30 +53,32 @@ def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size:
         scale = 0.0  # the library's "1/sqrt(head_dim)"
     else:
         scale = _ops.as_float("softmax_scale", softmax_scale)
-        # The library takes float32, where 0 means "1/sqrt(head_dim)": a value that rounds to 0 or
-        # to infinity there would silently become the default or poison every score.
-        if not _finite_nonzero_in_float32(scale):
-            raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a value that is finite and "
-                             f"non-zero in float32 (magnitude in ({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), "
+        # The library takes float32, where 0 means "1/sqrt(head_dim)" and denormals are refused: a
+        # value that rounds to 0, to a denormal or to infinity there would become the default,
+        # lose its digits or poison every score. Checked here so that the message speaks of None.
+        if not _normal_in_float32(scale):
+            raise ValueError("softmax_scale: expected None (= 1/sqrt(head_dim)) or a value that is a normal "
+                             f"float32 (magnitude in [{_F32_MIN_NORMAL:.6g}, {_F32_INF_FROM:.6g})), "
                              f"got {softmax_scale!r}")
     cap = _ops.as_float("softcap", softcap)
     if not cap >= 0.0:  # also catches NaN
         raise ValueError(f"softcap: expected a number >= 0 (0 = off), got {softcap!r}")
-    if cap != 0.0 and not _finite_nonzero_in_float32(cap):
-        raise ValueError("softcap: expected 0 (off) or a value that is finite and non-zero in float32 (in "
-                         f"({_F32_ZERO_BELOW:.3g}, {_F32_INF_FROM:.3g})), got {softcap!r}")
+    if cap != 0.0 and not _normal_in_float32(cap):
+        raise ValueError("softcap: expected 0 (off) or a value that is a normal float32 (in "
+                         f"[{_F32_MIN_NORMAL:.6g}, {_F32_INF_FROM:.6g})), got {softcap!r}")
     return scale, left, right
 
 
-# float32 rounding (to nearest, ties to even) sends |x| <= 2^-150 (half the smallest subnormal) to 0
-# and |x| >= 2^128 - 2^103 (half an ulp above the largest finite float32) to infinity. Plain float
-# comparisons rather than a float32 round trip, so that torch.compile traces them.
-_F32_ZERO_BELOW = 2.0 ** -150
+# The library's range for both (validate.cpp): |x| >= FLT_MIN = 2^-126 (the smallest normal; a
+# double just below it rounds to a denormal or to it, so >= 2^-126 is the exact test), and float32
+# rounding sends |x| >= 2^128 - 2^103 (half an ulp above the largest finite float32) to infinity.
+# Plain float comparisons rather than a float32 round trip, so that torch.compile traces them.
+_F32_MIN_NORMAL = 2.0 ** -126
 _F32_INF_FROM = 2.0 ** 128 - 2.0 ** 103
 
 
-def _finite_nonzero_in_float32(x: float) -> bool:
-    return _F32_ZERO_BELOW < abs(x) < _F32_INF_FROM  # False for NaN too
+def _normal_in_float32(x: float) -> bool:
+    return _F32_MIN_NORMAL <= abs(x) < _F32_INF_FROM  # False for NaN too
 
 
 def _check_tensors(**tensors) -> None:
@@ -134,7 +136,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
 
     Raises:
         ValueError: for dropout_p != 0, return_attn_probs=True, a bad causal_align or window_size, a
-            softmax_scale or softcap that is not finite or rounds to 0 in float32 (softcap=0 is off),
+            softmax_scale or softcap that is not a normal float32 (magnitude below 2^-126 or not
+            finite; softcap=0 is off),
             alibi_slopes that require grad (while grad mode is on), or a max_seqlen / window_size
             outside the int64 range.
         FlashAttnError (a ValueError): when the library rejects the call; the message names the

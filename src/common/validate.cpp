@@ -710,10 +710,17 @@ Params validate(const AttentionParams& a, Pass pass) {
   p.softmax_scale = a.softmax_scale != 0.0f ? a.softmax_scale
                                             : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   // The backends fold softmax_scale / softcap into one multiplier of Q·Kᵀ: an inf there makes
-  // tanh(inf · 0) = NaN of scores that are far inside the float32 range.
+  // tanh(inf · 0) = NaN of scores that are far inside the float32 range; a denormal or zero one
+  // loses Q's digits (or all of them), and the CPU backward, which divides dK by it, returned NaN
+  // or inaccurate dK (a bad-input review, session 16).
   if (a.softcap > 0.0f && !std::isfinite(p.softmax_scale / a.softcap)) {
     fail("softcap: expected softmax_scale / softcap finite in float32 (the scores are scaled by it before tanh), "
          "got softmax_scale = " + float_str(p.softmax_scale) + " and softcap = " + float_str(a.softcap));
+  }
+  if (a.softcap > 0.0f && std::fabs(p.softmax_scale / a.softcap) < FLT_MIN) {
+    fail("softcap: expected |softmax_scale / softcap| >= " + float_str(FLT_MIN) +
+         " (FLT_MIN: the scores are scaled by it before tanh, and smaller values are denormal; softcap = 0 turns "
+         "capping off), got softmax_scale = " + float_str(p.softmax_scale) + " and softcap = " + float_str(a.softcap));
   }
   p.softcap = a.softcap;
   // A window wider than every sequence is no window. Storing it as -1 (unbounded) keeps the mask

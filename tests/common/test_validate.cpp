@@ -278,6 +278,22 @@ const ErrorCase kCases[] = {
      },
      "softcap", "softmax_scale / softcap finite in float32 (the scores are scaled by it before tanh), got "
                 "softmax_scale = 1000 and softcap = 1e-36"},
+    // Fixed bug: a ratio below FLT_MIN (each value fine alone) gave the CPU backward NaN dK
+    // (softmax_scale / 0) or an inaccurate one (Q's digits lost to denormals).
+    {"SoftcapScaleRatioUnderflows", Pass::backward, false,
+     [](AttentionParams& a) {
+       a.softmax_scale = 1e-8f;
+       a.softcap = 1e38f;
+     },
+     "softcap", "|softmax_scale / softcap| >= 1.1754944e-38 (FLT_MIN: the scores are scaled by it before tanh, and "
+                "smaller values are denormal; softcap = 0 turns capping off), got softmax_scale = 1e-08 and "
+                "softcap = 1e+38"},
+    {"SoftcapScaleRatioDenormal", Pass::forward, false,
+     [](AttentionParams& a) {
+       a.softmax_scale = 1e-6f;
+       a.softcap = 1e38f;
+     },
+     "softcap", "got softmax_scale = 1e-06 and softcap = 1e+38"},
     // Fixed bugs: pointers off their element size reached the kernels (UBSan: misaligned loads and
     // stores on the CPU; a misaligned-address fault on the GPU).
     // Fixed bug: a NaN or infinite slope gave NaN outputs with a success status.

@@ -28,6 +28,14 @@ def test_error_type_is_value_error():
     # infinity there must not pass silently.
     (dict(softmax_scale=1e-50), "softmax_scale"),
     (dict(softmax_scale=-1e-46), "softmax_scale"),
+    # Denormal in float32: the message speaks of None and the normal range (the library's own
+    # message, which this used to reach, offered 0, which Python refuses).
+    (dict(softmax_scale=1e-40), r"softmax_scale: expected None \(= 1/sqrt\(head_dim\)\) or a value that is a "
+                                r"normal float32 \(magnitude in \[1\.17549e-38, 3\.40282e\+38\)\), got 1e-40"),
+    (dict(softcap=1e-40), "softcap: expected 0 .off. or a value that is a normal float32"),
+    # Fixed bug: each fine alone, their ratio below FLT_MIN gave NaN dk on the CPU.
+    (dict(softmax_scale=1e-8, softcap=1e38), r"softcap: expected \|softmax_scale / softcap\| >= 1\.1754944e-38"),
+    (dict(softcap=3.4e38), r"softcap = 0 turns capping off\), got softmax_scale = 0\.25 and softcap = 3\.4e\+38"),
     (dict(softmax_scale=1e39), "softmax_scale"),
     (dict(softmax_scale=float("inf")), "softmax_scale"),
     (dict(softmax_scale=float("nan")), "softmax_scale"),
@@ -105,8 +113,11 @@ def test_float32_normal_extremes_are_accepted():
     q, k, v = qkv()
     for scale in (2.0 ** -126, -(2.0 ** -126), 3.4e38):
         assert flash_attn_func(q, k, v, softmax_scale=scale).shape == q.shape
-    for cap in (1e-30, 3.4e38):
-        assert torch.isfinite(flash_attn_func(q, k, v, softcap=cap)).all()
+    # softcap and softmax_scale are each checked alone, and their ratio, which scales the scores
+    # before tanh, must be a normal float32 too: 3.4e38 with the default scale (1/4) is refused
+    # (test_unsupported_python_arguments), with a scale of 1e4 it is not.
+    for cap, scale in ((1e-30, None), (3.4e38, 1e4)):
+        assert torch.isfinite(flash_attn_func(q, k, v, softcap=cap, softmax_scale=scale)).all()
 
 
 def test_denormal_softmax_scale_is_not_the_default():

@@ -247,6 +247,23 @@ def main():
                      "--seqlen: expected a number <= 2147483647, got 99999999999999999999", out_dir)
         expect_error("bench --seqlen huge", ["bench", "--seqlen", "3000000000"], "--seqlen: expected a number <= ",
                      out_dir)
+        # Fixed bug (a bad-input review, session 16): a generated problem larger than memory filled
+        # tensors until allocation failed, then printed a bare "out of memory".
+        expect_error("--seqlen past memory", ["--seqlen", "2147483647"],
+                     "problem: its inputs and outputs (q [2147483647, 32, 128]", out_dir)
+        # bench prints its progress on stderr first: its last line is the error.
+        r = run(["bench", "--dtype", "f32", "--head-dim", "64", "--seqlen", "300000", "--heads", "64", "--batch", "64",
+                 "--pass", "bwd"])
+        last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+        if r.returncode in range(1, 128) and last.startswith("flashattn: error: problem: ") and "more than the" in last:
+            print("ok   %-40s %s" % ("bench past memory", last))
+        else:
+            failures.append("bench past memory")
+            print("FAIL %-40s rc %d, stderr %r" % ("bench past memory", r.returncode, r.stderr[-500:]))
+        # Fixed bug (same review): a stream as an input file was read until memory ran out.
+        if os.path.exists("/dev/zero"):
+            expect_error("--q /dev/zero", ["run", "--q", "/dev/zero", "--k", k, "--v", v, "--out", o("o.npy")],
+                         "--q '/dev/zero': npy: not an .npy file", out_dir)
         expect_error("bench --max-seconds 0", ["bench", "--max-seconds", "0"], "expected a number > 0", out_dir)
         expect_error("bench --heads-k -1", ["bench", "--heads-k", "-1"], "expected a number >= 0", out_dir)
         # Bytes from file headers are escaped: the error line is printable ASCII.

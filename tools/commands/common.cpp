@@ -264,9 +264,54 @@ void allocate_outputs(Tensors& t, bool backward) {
   }
 }
 
+namespace {
+
+// The generated problem's inputs and outputs must fit in memory before any is allocated (the
+// shape options can ask for anything): refused with the bytes, the shape and the memory available
+// instead of a bare "out of memory" after minutes of filling the first tensors.
+void check_problem_memory(const ProblemSpec& s, int64_t rows_q, int64_t rows_k, int64_t dv) {
+  const std::size_t elem = io::element_size(s.dtype);
+  const uint64_t q = io::checked_byte_size({rows_q, s.num_heads, s.head_dim}, elem, "q");
+  const uint64_t k = io::checked_byte_size({rows_k, s.num_heads_k, s.head_dim}, elem, "k");
+  const uint64_t v = io::checked_byte_size({rows_k, s.num_heads_k, dv}, elem, "v");
+  const uint64_t out = io::checked_byte_size({rows_q, s.num_heads, dv}, elem, "out");
+  const uint64_t lse = io::checked_byte_size({rows_q, s.num_heads}, sizeof(float), "lse");
+  // Forward: q, k, v, out, lse; backward adds dout, dq, dk, dv. The sums stay far below 2^64:
+  // each term is below 2^63 (checked_byte_size) and there are at most nine.
+  long double total = static_cast<long double>(q) + k + v + out + lse;
+  if (s.backward) total += static_cast<long double>(out) + q + k + v;
+  const uint64_t available = static_cast<uint64_t>(cpu::available_memory_bytes());
+  if (total > static_cast<long double>(available)) {
+    throw Error("problem: its inputs and outputs (q " + io::shape_string({rows_q, s.num_heads, s.head_dim}) + ", k " +
+                io::shape_string({rows_k, s.num_heads_k, s.head_dim}) + (s.backward ? ", with gradients" : "") +
+                ") need " + gib(static_cast<uint64_t>(std::min<long double>(total, 1.8e19L))) + ", more than the " +
+                gib(available) + " of memory available");
+  }
+}
+
+}  // namespace
+
+uint64_t available_memory() { return static_cast<uint64_t>(cpu::available_memory_bytes()); }
+
 Tensors make_problem(const ProblemSpec& s, std::mt19937_64& rng) {
   Tensors t;
   const int64_t dv = s.head_dim_v > 0 ? s.head_dim_v : s.head_dim;
+  {
+    int64_t rows_q = 0, rows_k = 0;
+    if (!s.varlen_q.empty()) {
+      for (std::size_t b = 0; b < s.varlen_q.size(); ++b) {
+        rows_q += s.varlen_q[b];
+        rows_k += s.varlen_k[b];
+      }
+    } else {
+      // batch · seqlen in long double first: the product of two int64 options may overflow.
+      const long double rq = static_cast<long double>(s.batch) * s.seqlen_q, rk = static_cast<long double>(s.batch) * s.seqlen_k;
+      if (rq > 9.0e18L || rk > 9.0e18L) throw Error("problem: batch · seqlen exceeds int64");
+      rows_q = s.batch * s.seqlen_q;
+      rows_k = s.batch * s.seqlen_k;
+    }
+    check_problem_memory(s, rows_q, rows_k, dv);
+  }
   if (!s.varlen_q.empty()) {
     int64_t total_q = 0, total_k = 0;
     t.cu_seqlens_q = empty_tensor(DType::i32, {static_cast<int64_t>(s.varlen_q.size()) + 1});

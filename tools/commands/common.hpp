@@ -56,6 +56,10 @@ struct ProblemSpec {
 // NaN-filled outputs.
 Tensors make_problem(const ProblemSpec& spec, std::mt19937_64& rng);
 
+// Bytes this process may still allocate (the library's estimate: MemAvailable, cgroup and
+// address-space limits; INT64_MAX when nothing says).
+uint64_t available_memory();
+
 // One prepared call on `device`: validated on the host (which reads cu_seqlens), and for cuda
 // every tensor copied to the GPU once, so that repeated forward()/backward() calls time only the
 // kernels. The Tensors must outlive the Runner.

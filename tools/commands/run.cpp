@@ -62,7 +62,8 @@ class InputFiles {
     if (it != files_.end()) return *it->second;
     auto f = std::make_unique<Loaded>();
     try {
-      f->bytes = io::read_file(path);
+      // Bounded by the memory available: a stream such as /dev/zero would otherwise fill it.
+      f->bytes = io::read_file(path, available_memory());
       if (io::is_safetensors_path(path)) {
         f->safetensors = std::make_unique<io::SafetensorsFile>(f->bytes.data(), f->bytes.size());
       }

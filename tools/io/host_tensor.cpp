@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <filesystem>
 #include <system_error>
 
@@ -98,13 +99,50 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
+namespace {
+
+// The .npy magic, or a safetensors header length (8 bytes, little-endian, at most 100 MB) followed
+// by the JSON header's '{'.
+bool starts_like_tensor_file(const std::vector<uint8_t>& b) {
+  static constexpr uint8_t kNpyMagic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (b.size() >= sizeof kNpyMagic && std::memcmp(b.data(), kNpyMagic, sizeof kNpyMagic) == 0) return true;
+  if (b.size() < 9) return false;
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | b[i];
+  return header_len <= 100'000'000 && b[8] == '{';
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error("cannot open '" + path + "': " + std::strerror(errno));
+  auto too_big = [&](const std::string& what) {
+    std::fclose(f);
+    return Error("cannot read '" + path + "': " + what + " more than the " + std::to_string(max_bytes) +
+                 " bytes of memory available");
+  };
   std::vector<uint8_t> bytes;
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
+    if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_big("its " + std::to_string(st.st_size) + " bytes are");
+    bytes.reserve(static_cast<std::size_t>(st.st_size));
+  }
+  const bool stream = !(::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode));
   uint8_t buf[1 << 16];
   std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+  try {
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+      if (bytes.size() + n > max_bytes) throw too_big("not a regular file, and it gave");
+      bytes.insert(bytes.end(), buf, buf + n);
+      // A stream (a pipe, /dev/zero) that starts as neither format could go on forever: its first
+      // chunk is enough for the parser to say what is wrong with it.
+      if (stream && bytes.size() == n && !starts_like_tensor_file(bytes)) break;
+    }
+  } catch (const std::bad_alloc&) {
+    std::fclose(f);
+    throw Error("cannot read '" + path + "': out of memory after " + std::to_string(bytes.size()) + " bytes");
+  }
   const bool failed = std::ferror(f) != 0;
   const int err = errno;
   std::fclose(f);

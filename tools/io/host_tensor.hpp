@@ -35,7 +35,10 @@ std::string shape_string(const std::vector<int64_t>& shape);  // "[2, 128, 16, 6
 
 // Whole-file reads and writes. write_file writes to a temporary file next to `path` and renames
 // it, so a failed write never leaves a half-written output under the final name.
-std::vector<uint8_t> read_file(const std::string& path);
+// The whole file. Error when it cannot be opened or read, or when more than max_bytes would come
+// from it (a regular file by its size, before reading; anything else, a pipe or /dev/zero, once
+// that much has been read), naming the path.
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 
 // Several output files written all or nothing: add() writes each file's bytes to a new temporary
