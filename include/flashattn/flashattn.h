@@ -40,12 +40,12 @@ typedef struct fa_params {
   fa_tensor dout, dq, dk, dv;
   fa_tensor cu_seqlens_q, cu_seqlens_k;
   int64_t max_seqlen_q, max_seqlen_k;
-  float softmax_scale;      /* 0 = 1/sqrt(head_dim) */
+  float softmax_scale;      /* 0 = 1/sqrt(head_dim); else |softmax_scale| >= FLT_MIN */
   int32_t causal;           /* 0 or 1 */
   int32_t causal_align;     /* FA_ALIGN_* */
   int64_t window_size_left; /* -1 = unbounded */
   int64_t window_size_right;
-  float softcap;            /* 0 = off */
+  float softcap;            /* 0 = off; else as flashattn.hpp's (softmax_scale / softcap normal) */
   fa_tensor alibi_slopes;   /* float32 [num_heads] or [batch, num_heads] */
   int32_t deterministic;
   int32_t num_threads;      /* CPU: 0 = all */
