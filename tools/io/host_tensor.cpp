@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <new>
 #include <filesystem>
+#include <new>
 #include <system_error>
 
 namespace flashattn::io {
@@ -124,19 +124,20 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
   };
   std::vector<uint8_t> bytes;
   struct stat st {};
-  if (::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
+  const bool stream = !(::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode));
+  if (!stream) {
     if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_big("its " + std::to_string(st.st_size) + " bytes are");
     bytes.reserve(static_cast<std::size_t>(st.st_size));
   }
-  const bool stream = !(::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode));
   uint8_t buf[1 << 16];
   std::size_t n;
   try {
     while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
-      if (bytes.size() + n > max_bytes) throw too_big("not a regular file, and it gave");
+      if (bytes.size() + n > max_bytes) throw too_big(stream ? "not a regular file, and it gave" : "it grew to");
       bytes.insert(bytes.end(), buf, buf + n);
       // A stream (a pipe, /dev/zero) that starts as neither format could go on forever: its first
-      // chunk is enough for the parser to say what is wrong with it.
+      // chunk (fread returns a whole buffer unless the stream ends) is enough for the parser to say
+      // what is wrong with it.
       if (stream && bytes.size() == n && !starts_like_tensor_file(bytes)) break;
     }
   } catch (const std::bad_alloc&) {
