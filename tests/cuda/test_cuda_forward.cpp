@@ -213,15 +213,7 @@ TEST(CudaForwardMisc, RunningMaxRisesAcrossTiles) {
   for (DType dt : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " head_dim " + std::to_string(d));
-      ProblemConfig c;
-      c.dtype = dt;
-      c.batch = 1;
-      c.seqlen_q = 300;
-      c.seqlen_k = 1100;
-      c.num_heads = 2;
-      c.num_heads_k = 2;
-      c.head_dim = d;
-      c.head_dim_v = d;
+      const ProblemConfig c = base(dt, 1, 300, 1100, 2, 2, d);  // head_dim_v = head_dim
       Problem pr(c, seed + static_cast<uint64_t>(d));
       // q rows = u + noise (one u per head), key j = u · ramp(j) + noise, ramp 4 -> 0 over the keys:
       // scores ≈ sqrt(d) · ramp(j), up to ~45 (log2 units ~65) at head_dim 128.
