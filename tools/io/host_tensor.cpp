@@ -11,6 +11,9 @@
 #include <new>
 #include <system_error>
 
+#include "io/npy.hpp"
+#include "io/safetensors.hpp"
+
 namespace flashattn::io {
 
 std::size_t element_size(DType dtype) {
@@ -99,21 +102,6 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-namespace {
-
-// The .npy magic, or a safetensors header length (8 bytes, little-endian, at most 100 MB) followed
-// by the JSON header's '{'.
-bool starts_like_tensor_file(const std::vector<uint8_t>& b) {
-  static constexpr uint8_t kNpyMagic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
-  if (b.size() >= sizeof kNpyMagic && std::memcmp(b.data(), kNpyMagic, sizeof kNpyMagic) == 0) return true;
-  if (b.size() < 9) return false;
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | b[i];
-  return header_len <= 100'000'000 && b[8] == '{';
-}
-
-}  // namespace
-
 std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error("cannot open '" + path + "': " + std::strerror(errno));
@@ -138,7 +126,9 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
       // A stream (a pipe, /dev/zero) that starts as neither format could go on forever: its first
       // chunk (fread returns a whole buffer unless the stream ends) is enough for the parser to say
       // what is wrong with it.
-      if (stream && bytes.size() == n && !starts_like_tensor_file(bytes)) break;
+      if (stream && bytes.size() == n && !has_npy_magic(bytes.data(), n) && !starts_like_safetensors(bytes.data(), n)) {
+        break;
+      }
     }
   } catch (const std::bad_alloc&) {
     std::fclose(f);

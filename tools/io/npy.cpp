@@ -160,8 +160,12 @@ uint32_t read_le(const uint8_t* p, int n) {
 
 }  // namespace
 
+bool has_npy_magic(const uint8_t* bytes, std::size_t size) {
+  return size >= kMagicLen && std::memcmp(bytes, kMagic, kMagicLen) == 0;
+}
+
 HostTensor read_npy(const uint8_t* bytes, std::size_t size) {
-  if (size < kMagicLen || std::memcmp(bytes, kMagic, kMagicLen) != 0) {
+  if (!has_npy_magic(bytes, size)) {
     fail(size < kMagicLen ? "truncated file (" + std::to_string(size) + " bytes): not an .npy file"
                           : "not an .npy file (missing the \\x93NUMPY magic)");
   }

@@ -14,6 +14,9 @@
 
 namespace flashattn::io {
 
+// Whether bytes start with the .npy magic "\x93NUMPY" (the first thing read_npy checks).
+bool has_npy_magic(const uint8_t* bytes, std::size_t size);
+
 // Parses a whole .npy file. Throws flashattn::Error for a truncated or malformed header, an
 // unsupported or big-endian dtype, fortran_order True, an overflowing shape, or a data length that
 // differs from the shape's byte size.

@@ -14,6 +14,13 @@ namespace {
 // cannot make us parse or allocate without bound.
 constexpr uint64_t kMaxHeader = 100'000'000;
 
+// The first 8 bytes as the little-endian header length (size >= 8).
+uint64_t header_length(const uint8_t* bytes) {
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  return header_len;
+}
+
 std::size_t safetensors_item_size(const std::string& dtype) {
   static const std::map<std::string, std::size_t> sizes = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
@@ -42,10 +49,13 @@ uint64_t as_offset(const nlohmann::json& j, const std::string& what) {
 
 }  // namespace
 
+bool starts_like_safetensors(const uint8_t* bytes, std::size_t size) {
+  return size >= 9 && header_length(bytes) <= kMaxHeader && bytes[8] == '{';
+}
+
 SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
   if (size < 8) fail("truncated file (" + std::to_string(size) + " bytes): no 8-byte header length");
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  const uint64_t header_len = header_length(bytes);
   if (header_len > kMaxHeader) fail("header length " + std::to_string(header_len) + " exceeds the 100 MB limit");
   if (header_len > size - 8) {
     fail("truncated header: header length " + std::to_string(header_len) + " but only " + std::to_string(size - 8) +

@@ -16,6 +16,10 @@
 
 namespace flashattn::io {
 
+// Whether bytes start as a safetensors file does: a header length within the 100 MB cap, then the
+// JSON header's '{' (a cheap test on a file's first bytes; SafetensorsFile validates the rest).
+bool starts_like_safetensors(const uint8_t* bytes, std::size_t size);
+
 class SafetensorsFile {
  public:
   struct Entry {
