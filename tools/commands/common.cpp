@@ -182,6 +182,19 @@ std::string gib(uint64_t bytes) {
   return text;
 }
 
+uint64_t add_saturating(uint64_t a, uint64_t b) {
+  return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max() : a + b;
+}
+
+// Throws "<what> need <total>, more than the <available> of memory available" when `total` bytes
+// do not fit in what available_memory() says (which is INT64_MAX when nothing says).
+void require_memory(uint64_t total, const std::string& what, const std::string& detail = "") {
+  const uint64_t available = available_memory();
+  if (total > available) {
+    throw Error(what + " need " + gib(total) + detail + ", more than the " + gib(available) + " of memory available");
+  }
+}
+
 // Refuses outputs that could not be allocated (their sizes come from untrusted file headers), with
 // their byte count and the memory available, rather than a bare "out of memory" or swapping.
 void check_memory(const OutputShapes& s, DType dtype) {
@@ -193,16 +206,10 @@ void check_memory(const OutputShapes& s, DType dtype) {
   for (const auto& [name, shape] : all) {
     if (shape->empty()) continue;
     const uint64_t bytes = io::checked_byte_size(*shape, shape == &s.lse ? sizeof(float) : elem, name);
-    total = total > std::numeric_limits<uint64_t>::max() - bytes ? std::numeric_limits<uint64_t>::max() : total + bytes;
+    total = add_saturating(total, bytes);
     names += (names.empty() ? "" : ", ") + std::string(name);
   }
-  // The library's answer (MemAvailable, the cgroup's limit, the address-space limit): INT64_MAX
-  // when nothing says, and then nothing is refused here.
-  const uint64_t available = static_cast<uint64_t>(cpu::available_memory_bytes());
-  if (total > available) {
-    throw Error("outputs: " + names + " need " + gib(total) + " (out " + io::shape_string(s.out) +
-                "), more than the " + gib(available) + " of memory available");
-  }
+  require_memory(total, "outputs: " + names, " (out " + io::shape_string(s.out) + ")");
 }
 
 }  // namespace
@@ -276,17 +283,15 @@ void check_problem_memory(const ProblemSpec& s, int64_t rows_q, int64_t rows_k, 
   const uint64_t v = io::checked_byte_size({rows_k, s.num_heads_k, dv}, elem, "v");
   const uint64_t out = io::checked_byte_size({rows_q, s.num_heads, dv}, elem, "out");
   const uint64_t lse = io::checked_byte_size({rows_q, s.num_heads}, sizeof(float), "lse");
-  // Forward: q, k, v, out, lse; backward adds dout, dq, dk, dv. The sums stay far below 2^64:
-  // each term is below 2^63 (checked_byte_size) and there are at most nine.
-  long double total = static_cast<long double>(q) + k + v + out + lse;
-  if (s.backward) total += static_cast<long double>(out) + q + k + v;
-  const uint64_t available = static_cast<uint64_t>(cpu::available_memory_bytes());
-  if (total > static_cast<long double>(available)) {
-    throw Error("problem: its inputs and outputs (q " + io::shape_string({rows_q, s.num_heads, s.head_dim}) + ", k " +
-                io::shape_string({rows_k, s.num_heads_k, s.head_dim}) + (s.backward ? ", with gradients" : "") +
-                ") need " + gib(static_cast<uint64_t>(std::min<long double>(total, 1.8e19L))) + ", more than the " +
-                gib(available) + " of memory available");
+  // Forward: q, k, v, out, lse; backward adds dout, dq, dk, dv (the sizes of out, q, k, v).
+  uint64_t total = 0;
+  for (const uint64_t bytes : {q, k, v, out, lse}) total = add_saturating(total, bytes);
+  if (s.backward) {
+    for (const uint64_t bytes : {out, q, k, v}) total = add_saturating(total, bytes);
   }
+  require_memory(total, "problem: its inputs and outputs (q " + io::shape_string({rows_q, s.num_heads, s.head_dim}) +
+                            ", k " + io::shape_string({rows_k, s.num_heads_k, s.head_dim}) +
+                            (s.backward ? ", with gradients" : "") + ")");
 }
 
 }  // namespace
@@ -296,22 +301,6 @@ uint64_t available_memory() { return static_cast<uint64_t>(cpu::available_memory
 Tensors make_problem(const ProblemSpec& s, std::mt19937_64& rng) {
   Tensors t;
   const int64_t dv = s.head_dim_v > 0 ? s.head_dim_v : s.head_dim;
-  {
-    int64_t rows_q = 0, rows_k = 0;
-    if (!s.varlen_q.empty()) {
-      for (std::size_t b = 0; b < s.varlen_q.size(); ++b) {
-        rows_q += s.varlen_q[b];
-        rows_k += s.varlen_k[b];
-      }
-    } else {
-      // batch · seqlen in long double first: the product of two int64 options may overflow.
-      const long double rq = static_cast<long double>(s.batch) * s.seqlen_q, rk = static_cast<long double>(s.batch) * s.seqlen_k;
-      if (rq > 9.0e18L || rk > 9.0e18L) throw Error("problem: batch · seqlen exceeds int64");
-      rows_q = s.batch * s.seqlen_q;
-      rows_k = s.batch * s.seqlen_k;
-    }
-    check_problem_memory(s, rows_q, rows_k, dv);
-  }
   if (!s.varlen_q.empty()) {
     int64_t total_q = 0, total_k = 0;
     t.cu_seqlens_q = empty_tensor(DType::i32, {static_cast<int64_t>(s.varlen_q.size()) + 1});
@@ -323,10 +312,13 @@ Tensors make_problem(const ProblemSpec& s, std::mt19937_64& rng) {
       cq[b + 1] = static_cast<int32_t>(total_q += s.varlen_q[b]);
       ck[b + 1] = static_cast<int32_t>(total_k += s.varlen_k[b]);
     }
+    check_problem_memory(s, total_q, total_k, dv);
     t.q = random_tensor(s.dtype, {total_q, s.num_heads, s.head_dim}, rng);
     t.k = random_tensor(s.dtype, {total_k, s.num_heads_k, s.head_dim}, rng);
     t.v = random_tensor(s.dtype, {total_k, s.num_heads_k, dv}, rng);
   } else {
+    // The options are int-sized (CLI checks), so batch · seqlen fits in int64.
+    check_problem_memory(s, s.batch * s.seqlen_q, s.batch * s.seqlen_k, dv);
     t.q = random_tensor(s.dtype, {s.batch, s.seqlen_q, s.num_heads, s.head_dim}, rng);
     t.k = random_tensor(s.dtype, {s.batch, s.seqlen_k, s.num_heads_k, s.head_dim}, rng);
     t.v = random_tensor(s.dtype, {s.batch, s.seqlen_k, s.num_heads_k, dv}, rng);
