@@ -713,11 +713,12 @@ Params validate(const AttentionParams& a, Pass pass) {
   // tanh(inf · 0) = NaN of scores that are far inside the float32 range; a denormal or zero one
   // loses Q's digits (or all of them), and the CPU backward, which divides dK by it, returned NaN
   // or inaccurate dK (a bad-input review, session 16).
-  if (a.softcap > 0.0f && !std::isfinite(p.softmax_scale / a.softcap)) {
+  const float scale_over_cap = a.softcap > 0.0f ? p.softmax_scale / a.softcap : 1.0f;
+  if (!std::isfinite(scale_over_cap)) {
     fail("softcap: expected softmax_scale / softcap finite in float32 (the scores are scaled by it before tanh), "
          "got softmax_scale = " + float_str(p.softmax_scale) + " and softcap = " + float_str(a.softcap));
   }
-  if (a.softcap > 0.0f && std::fabs(p.softmax_scale / a.softcap) < FLT_MIN) {
+  if (std::fabs(scale_over_cap) < FLT_MIN) {
     fail("softcap: expected |softmax_scale / softcap| >= " + float_str(FLT_MIN) +
          " (FLT_MIN: the scores are scaled by it before tanh, and smaller values are denormal; softcap = 0 turns "
          "capping off), got softmax_scale = " + float_str(p.softmax_scale) + " and softcap = " + float_str(a.softcap));
