@@ -91,6 +91,24 @@ def ours(q, k, v, do, causal, variant=None, fwd_kernel=None, env=None):
     return fwd, bwd
 
 
+def ours_fp8(q, k, v, do, causal):
+    """The FP8 (e4m3) forward on the same inputs: q, k, v quantized per tensor (scale = amax / 448,
+    FlashAttention-3's per-tensor descaling) before timing; out is bf16. Forward only (bwd None)."""
+    import flashattn
+
+    def quant(t):
+        scale = (t.abs().amax().float() / 448.0).clamp(min=1e-12)
+        return (t.float() / scale).to(torch.float8_e4m3fn), scale.reshape(1)
+
+    (q8, qs), (k8, ks), (v8, vs) = quant(q), quant(k), quant(v)
+
+    def fwd():
+        with torch.no_grad():
+            return flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+
+    return fwd, None
+
+
 def sdpa(backend):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -180,6 +198,8 @@ def main():
     ap.add_argument("--ours-sm80", action="store_true", help="also time our sm80 forward on a Hopper GPU")
     ap.add_argument("--ours-env", action="append", default=[],
                     help="LABEL=VAR=VALUE[;VAR=VALUE]: also time ours with these environment variables")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also time the FP8 (e4m3) forward on the same inputs, quantized per tensor (head_dim 128)")
     ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     ap.add_argument("--dtypes", default="", help="bfloat16 and/or float16 (comma-separated; default both, --quick bf16)")
@@ -200,6 +220,8 @@ def main():
             contenders[f"ours_{label}"] = (lambda env: lambda q, k, v, do, c: ours(q, k, v, do, c, env=env))(env)
         if args.ours_sm80:
             contenders["ours_sm80"] = lambda q, k, v, do, c: ours(q, k, v, do, c, fwd_kernel="sm80")
+        if args.fp8:
+            contenders["ours_fp8"] = ours_fp8
     except Exception as e:  # report, keep benchmarking the peers
         print(f"ours: unavailable ({e})", file=sys.stderr)
         del contenders["ours"]
@@ -250,6 +272,8 @@ def main():
                 for cname, make in contenders.items():
                     if cname == "flex" and s not in flex_seqlens:
                         continue
+                    if cname == "ours_fp8" and d != 128:  # the FP8 forward ships head_dim 128 only
+                        continue
                     rec = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "batch": b, "seqlen": s,
                            "heads": h, "heads_k": hk, "head_dim": d, "causal": causal, "impl": cname}
                     rows.append(rec)
@@ -271,7 +295,7 @@ def main():
                             continue
                         try:
                             tf.append(do_bench(fwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
-                            if not args.no_bwd:
+                            if not args.no_bwd and bwd is not None:
                                 tb.append(do_bench(bwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
                         except Exception as e:
                             rec["error"] = error_text(e)

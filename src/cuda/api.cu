@@ -175,9 +175,10 @@ struct StridedTensor {
   const void* ptr;
   int64_t batch_stride, row_stride, head_stride;
   int64_t heads;
+  int64_t elem_bytes = 2;
 };
 
-// cp.async and the output stores move 16 bytes (8 elements) at a time.
+// cp.async, TMA and the output stores move 16 bytes (8 elements of 16 bits, 16 of e4m3) at a time.
 std::optional<std::string> check_layout(const StridedTensor& t, const detail::Params& p) {
   if (t.ptr == nullptr) return std::nullopt;
   const auto addr = reinterpret_cast<std::uintptr_t>(t.ptr);
@@ -185,10 +186,11 @@ std::optional<std::string> check_layout(const StridedTensor& t, const detail::Pa
     return std::string(t.name) + ": expected a data pointer aligned to 16 bytes on cuda, got address " +
            std::to_string(addr) + " (" + std::to_string(addr % 16) + " bytes past a 16-byte boundary)";
   }
+  const int64_t unit = 16 / t.elem_bytes;
   auto bad = [&](const char* which, int64_t stride) -> std::optional<std::string> {
-    if (stride % 8 == 0) return std::nullopt;
-    return std::string(t.name) + ": expected the " + which + " stride to be a multiple of 8 elements (16 bytes) on cuda, got " +
-           std::to_string(stride);
+    if (stride % unit == 0) return std::nullopt;
+    return std::string(t.name) + ": expected the " + which + " stride to be a multiple of " + std::to_string(unit) +
+           " elements (16 bytes) on cuda, got " + std::to_string(stride);
   };
   // Strides of size-1 dims are never stepped through (PyTorch leaves arbitrary ones there).
   if (!p.is_varlen && p.batch > 1)
@@ -255,14 +257,43 @@ Lengths varlen_lengths(const detail::Params& p) {
   return {q.max_len, k.max_len, ""};
 }
 
+// What the FP8 (e4m3) forward needs beyond validate()'s checks: this build's and this device's
+// Hopper kernels, the one head_dim it ships, batched tensors that fit TMA maps.
+std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
+  if (pass == Pass::backward) return std::string("q: e4m3 has a forward pass only on cuda, got a backward call");
+#ifndef FLASHATTN_CUDA_FWD_SM90_FP8
+  return std::string("q: e4m3 needs a build with the sm_90a kernels (FLASHATTN_CUDA_ARCHS with 90a), got one without");
+#else
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  if (device_cc(device) != 90) {
+    return "q: e4m3 runs on sm_90 GPUs (Hopper's FP8 tensor cores) on cuda, got compute capability " +
+           std::to_string(device_cc(device) / 10) + "." + std::to_string(device_cc(device) % 10);
+  }
+  if (p.head_dim != 128 || p.head_dim_v != 128) {
+    return "head_dim: expected 128 (and head_dim_v 128) for e4m3 on cuda, got " + std::to_string(p.head_dim) + " and " +
+           std::to_string(p.head_dim_v);
+  }
+  if (p.is_varlen) return std::string("cu_seqlens_q: e4m3 runs batched only on cuda, got a variable-length batch");
+  if (p.out_dtype != DType::bf16) return std::string("out: expected bf16 for e4m3 inputs, got ") + dtype_name(p.out_dtype);
+  if (!tma_fits(p, false)) {
+    return "q: expected e4m3 q, k, v with at least one row and strides below 2^39 elements (TMA maps) on cuda, got "
+           "seqlen_q " + std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
+  }
+  return std::nullopt;
+#endif
+}
+
 std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
   if (!available()) {
     return std::string("device: expected a CUDA device, got none (") +
            "cudaGetDeviceCount found no usable GPU)";
   }
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
-    return std::string("q: expected fp16 or bf16 on cuda, got ") + dtype_name(p.dtype) + " (convert first)";
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16 && p.dtype != DType::e4m3) {
+    return std::string("q: expected fp16, bf16 or e4m3 on cuda, got ") + dtype_name(p.dtype) + " (convert first)";
   }
+  if (p.dtype == DType::e4m3)
+    if (auto r = check_fp8(p, pass)) return r;
   if (p.head_dim % 8 != 0 || p.head_dim > 256) {
     return "head_dim: expected a multiple of 8 up to 256 on cuda, got " + std::to_string(p.head_dim);
   }
@@ -295,6 +326,9 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
                             {"cu_seqlens_q", p.cu_seqlens_q},
                             {"cu_seqlens_k", p.cu_seqlens_k},
                             {"alibi_slopes", p.alibi_slopes},
+                            {"q_descale", p.q_descale},
+                            {"k_descale", p.k_descale},
+                            {"v_descale", p.v_descale},
                             {"dout", bwd ? p.dout : nullptr},
                             {"dq", bwd ? p.dq : nullptr},
                             {"dk", bwd ? p.dk : nullptr},
@@ -302,11 +336,13 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
   for (const Named& n : pointers)
     if (auto r = check_pointer(n.name, n.ptr, device)) return r;
 
+  const auto in_bytes = static_cast<int64_t>(dtype_size(p.dtype));
   std::vector<StridedTensor> tensors = {
-      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads},
-      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k},
-      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k},
-      {"out", p.out, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.num_heads}};
+      {"q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, in_bytes},
+      {"k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, in_bytes},
+      {"v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, in_bytes},
+      {"out", p.out, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.num_heads,
+       static_cast<int64_t>(dtype_size(p.out_dtype))}};
   if (bwd) {
     tensors.push_back({"dout", p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.num_heads});
     tensors.push_back({"dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.num_heads});
@@ -359,6 +395,15 @@ FwdParams make_fwd_params(const detail::Params& p, int64_t max_q, int64_t max_k)
   f.align_bottom_right = p.align_bottom_right;
   f.alibi_slopes = p.alibi_slopes;
   f.alibi_batch_stride = p.alibi_batch_stride;
+  f.q_descale = p.q_descale;
+  f.k_descale = p.k_descale;
+  f.v_descale = p.v_descale;
+  f.q_descale_batch_stride = p.q_descale_batch_stride;
+  f.q_descale_head_stride = p.q_descale_head_stride;
+  f.k_descale_batch_stride = p.k_descale_batch_stride;
+  f.k_descale_head_stride = p.k_descale_head_stride;
+  f.v_descale_batch_stride = p.v_descale_batch_stride;
+  f.v_descale_head_stride = p.v_descale_head_stride;
   return f;
 }
 
@@ -437,7 +482,9 @@ Plan plan(const detail::Params& p, Pass pass) {
       return result;
     }
     const Lengths l = varlen_lengths(p);  // one device read of cu_seqlens serves both uses below
-    if (pass == Pass::forward) {
+    if (pass == Pass::forward && p.dtype == DType::e4m3) {
+      result.kernel = "cuda_fwd_sm90_fp8_hdim128";
+    } else if (pass == Pass::forward) {
       const FwdKernel* k = pick_fwd(p);
       if (k == nullptr) {
         result.reason = "head_dim: expected max(head_dim, head_dim_v) within a head_dim bucket this build ships for " +
@@ -482,6 +529,14 @@ Plan plan(const detail::Params& p, Pass pass) {
 
 void forward(const detail::Params& p) {
   if (auto reason = check_common(p, Pass::forward)) throw Error(*reason);
+#ifdef FLASHATTN_CUDA_FWD_SM90_FP8
+  if (p.dtype == DType::e4m3) {
+    if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return;
+    launch_fwd_sm90_fp8(make_fwd_params(p, p.seqlen_q, p.seqlen_k), static_cast<int>(p.batch),
+                        static_cast<int>(p.seqlen_q), p.rows_q, p.rows_k, p.stream);
+    return;
+  }
+#endif
   const FwdKernel* k = pick_fwd(p);
   if (k == nullptr) throw Error(plan(p, Pass::forward).reason);
   const Lengths l = varlen_lengths(p);

@@ -134,15 +134,6 @@ __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_kernel(const __gr
   }
 }
 
-// Frees the workspace on the stream on every exit path (errors included).
-struct StreamBuffer {
-  void* ptr = nullptr;
-  cudaStream_t stream = nullptr;
-  ~StreamBuffer() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-  }
-};
-
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
   if (dtype == DType::f16) {

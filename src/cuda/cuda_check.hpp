@@ -78,4 +78,14 @@ inline int multiprocessor_count() {
   return n;
 }
 
+// Working memory taken with cudaMallocAsync on a stream: freed on the stream on every exit path
+// (errors included).
+struct StreamBuffer {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  ~StreamBuffer() {
+    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+  }
+};
+
 }  // namespace flashattn::cuda

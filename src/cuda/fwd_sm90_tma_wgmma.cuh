@@ -55,9 +55,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     const int num_m_blocks, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
-  using Storage = typename Elem::Storage;
+  // FP8 (e4m3): k and Vᵀ tiles K-major for both products (8-bit wgmma has no transpose), out bf16.
+  constexpr bool kFp8 = std::is_same_v<Elem, E4M3>;
+  using Out = typename OutElem<Elem>::type;
+  using OutStorage = typename Out::Storage;
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
-  constexpr int kPanels = D / 64;
+  constexpr int kPanels = D * Cfg::kElemBytes / 128;  // 128-byte panels per Q / K row
+  constexpr int kPanelCols = 128 / Cfg::kElemBytes;
+  // wgmma k-steps of 32 bytes along a row: 16 elements of 16 bits, 32 of 8 (k32 instructions).
+  constexpr int kKStep = 32 / Cfg::kElemBytes;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
@@ -149,19 +155,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int row = int(blk.k_start) + nb * BN;
             mbar_wait(k_empty(stage), phase ^ 1);
             mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
-            tma_load_tile<kPanels, BN>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k, tma_batch);
+            tma_load_tile<kPanels, BN, kPanelCols>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k,
+                                                   tma_batch);
             if (nb == blk.nb_max - 1) {
               // Q once the previous tile's consumers have read theirs (into registers, or, where Q
               // stays in shared memory, with the tile's last S = Q Kᵀ), after the first K, so that a
               // free ring slot need not wait for that.
               mbar_wait(q_empty, (loaded & 1) ^ 1);
               mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-              tma_load_tile<kPanels, BM>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
+              tma_load_tile<kPanels, BM, kPanelCols>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
               ++loaded;
             }
             mbar_wait(v_empty(stage), phase ^ 1);
             mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
-            tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
+            if constexpr (kFp8)  // Vᵀ: head_dim rows of block_n key bytes (one panel), keys from nb · block_n
+              tma_load_4d(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), nb * BN, 0, blk.h_k, tma_batch);
+            else
+              tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
             if (++stage == S) {
               stage = 0;
               phase ^= 1;
@@ -196,8 +206,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint64_t q_mine = make_desc(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's Q rows (K-major)
 
     // As in the sm80 kernel: softcap, ALiBi or a negative scale scale the scores first.
-    const bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
-    const float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
+    bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
+    // FP8: the scores' scale takes q's and k's descales, per (batch, kv head), i.e. per tile.
+    float score_scale = p.softmax_scale;
+    float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
     // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
     // warpgroup's softmax runs while another's GEMMs own the tensor cores. Named barrier 2 + w is
     // warpgroup w's turn: it waits there (128 threads) for the 128 arrivals of the warpgroup before
@@ -234,6 +246,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int b = blk.b, h = blk.h, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
       const int64_t q_start = blk.q_start, offset = blk.offset, last_row = blk.last_row;
       const int nb_min = blk.nb_min, nb_max = blk.nb_max;
+      float v_scale = 1.f;  // FP8: v's descale, applied with 1 / l
+      if constexpr (kFp8) {
+        auto descale = [&](const float* d, int64_t batch_stride, int64_t head_stride) {
+          return d != nullptr ? d[b * batch_stride + blk.h_k * head_stride] : 1.f;
+        };
+        score_scale = p.softmax_scale * descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
+                      descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+        modified = p.softcap > 0.f || p.alibi_slopes != nullptr || score_scale < 0.f;
+        scale_log2 = modified ? kLog2e : score_scale * kLog2e;
+        v_scale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
+      }
       float o[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -243,7 +266,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
       if (nb_max > nb_min) {
         float s[BN / 2];
-        uint32_t pf[BN / 16][4];
+        uint32_t pf[BN / kKStep][4];
         // Q as wgmma A fragments (Cfg::kQInRegs): loaded once per tile, so that S = Q Kᵀ reads
         // only K from shared memory.
         uint32_t qf[Cfg::kQInRegs ? D / 16 : 1][4];
@@ -254,7 +277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const uint64_t k_desc = make_desc(sK + stage * Cfg::kKVBytes, 16, 1024);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
+          for (int kk = 0; kk < D / kKStep; ++kk) {
             const uint32_t qa = (kk / 4) * BM * 128 + (kk % 4) * 32;
             const uint32_t ka = (kk / 4) * BN * 128 + (kk % 4) * 32;
             if constexpr (Cfg::kQInRegs)
@@ -267,10 +290,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // O += P V(stage): block_n / 16 k-steps of 16 key rows (2048 bytes) each; V is MN-major
         // with its 64-column panels block_n · 128 bytes apart.
         auto issue_pv = [&](int stage) {
-          const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, BN * 128, 1024);
           wgmma_fence();
+          if constexpr (kFp8) {
+            // Vᵀ (K-major, head_dim rows of block_n = 128 key bytes): k-steps of 32 keys, 32 bytes.
+            const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, 16, 1024);
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, D>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+            for (int kk = 0; kk < BN / kKStep; ++kk) Wgmma<Elem, D>::rk(o, pf[kk], desc_advance(v_desc, kk * 32), 1);
+          } else {
+            const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, BN * 128, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, D>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+          }
           wgmma_commit();
         };
         // Q's fragments too: the tensor cores read them until S is complete, so the compiler must
@@ -290,7 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)
+          for (int kk = 0; kk < BN / kKStep; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
         };
@@ -302,7 +332,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // (all consumer warpgroups share the work, then meet on named barrier 1).
         auto prepare_v = [&](int nb, int stage) {
           const int valid = len_k - nb * BN;
-          if (!varlen || valid >= BN) return;
+          if (kFp8 || !varlen || valid >= BN) return;  // (FP8 runs batched only)
           const int ctid = threadIdx.x - 128;
           for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
             const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
@@ -321,12 +351,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (modified) {
             const float cap = p.softcap;
             if (cap > 0.f) {
-              const float pre = p.softmax_scale / cap;
+              const float pre = score_scale / cap;
 #pragma unroll
               for (int i = 0; i < BN / 2; ++i) s[i] = cap * tanhf(s[i] * pre);
             } else {
 #pragma unroll
-              for (int i = 0; i < BN / 2; ++i) s[i] *= p.softmax_scale;
+              for (int i = 0; i < BN / 2; ++i) s[i] *= score_scale;
             }
             if (p.alibi_slopes != nullptr) {
               const float base = float(d_base);
@@ -369,12 +399,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // so exp2(−inf − base) = 0 instead of NaN.
             const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
             alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
+            // FP8: P · 2^8 (<= 256 < 448, e4m3's largest) keeps small probabilities out of e4m3's
+            // subnormals; the row sum carries the same factor, so out is unchanged, lse takes it out.
+            const float pbase = kFp8 ? base - 8.f : base;
             row_max[hr] = mx;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
-              const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - base);
-              const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - base);
+              const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - pbase);
+              const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - pbase);
               s[4 * j + 2 * hr] = p0;
               s[4 * j + 2 * hr + 1] = p1;
               sum += p0 + p1;
@@ -385,12 +418,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
         // accumulator and A-fragment layouts agree on rows, as for mma.sync).
         auto pack_p = [&] {
+          if constexpr (kFp8) {
+            // The 8-bit A fragment of k-step kk wants, per row, positions 4t .. 4t+3 and 16+4t ..
+            // 16+4t+3 of its 32 keys; the thread holds keys 2t, 2t+1 of each n8 tile. Vᵀ's keys are
+            // permuted within 32-key blocks to match (fp8_vt_key()), so no shuffles are needed.
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) {
-            pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
-            pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
-            pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
-            pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+            for (int kk = 0; kk < BN / 32; ++kk) {
+              const float* q = s + 16 * kk;
+              pf[kk][0] = pack4_e4m3(q[0], q[1], q[4], q[5]);
+              pf[kk][1] = pack4_e4m3(q[2], q[3], q[6], q[7]);
+              pf[kk][2] = pack4_e4m3(q[8], q[9], q[12], q[13]);
+              pf[kk][3] = pack4_e4m3(q[10], q[11], q[14], q[15]);
+            }
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+              pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
+              pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
+              pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
+              pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
           }
         };
 
@@ -469,20 +516,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // lse −inf. Each warp stages its own 16 rows in the same rows of sO (no other warp reads them;
       // where sO is the Q tile, the other warpgroup's wgmmas read only its own rows) and stores
       // 16-byte chunks; it reads them back before it stages the next tile's.
-      Storage* out_ptr = static_cast<Storage*>(p.out) + b * p.o_batch_stride + (q_start + m0) * p.o_row_stride +
+      OutStorage* out_ptr = static_cast<OutStorage*>(p.out) + b * p.o_batch_stride + (q_start + m0) * p.o_row_stride +
                          h * p.o_head_stride;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float l = quad_sum(row_sum[hr]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l > 0.f ? v_scale / l : 0.f;
         const int row = row0 + hr * 8;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-          const uint32_t packed = pack2<Elem>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+          const uint32_t packed = pack2<Out>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
           *reinterpret_cast<uint32_t*>(smem_o + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
         }
         if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
-          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l) - (kFp8 ? 8.f : 0.f)) * kLn2 : -INFINITY;
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
       }
@@ -576,8 +623,13 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
                                                p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
   const CUtensorMap tk = sm90::make_tensor_map<Elem>("k", p.k, p.head_dim, rows_k, hk, nb, p.k_row_stride, p.k_head_stride,
                                                p.k_batch_stride, Cfg::kBlockN);
-  const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride,
-                                               p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
+  const CUtensorMap tv =
+      std::is_same_v<Elem, E4M3>
+          // Vᵀ [batch, hk, head_dim_v, vt_cols] (launch_fwd_sm90_fp8): boxes of block_n keys x head_dim rows.
+          ? sm90::make_tensor_map<Elem>("v", p.vt, p.vt_cols, Cfg::kHeadDim, hk, nb, p.vt_cols, Cfg::kHeadDim * p.vt_cols,
+                                        hk * Cfg::kHeadDim * p.vt_cols, Cfg::kHeadDim)
+          : sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride, p.v_head_stride,
+                                        p.v_batch_stride, Cfg::kBlockN);
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;

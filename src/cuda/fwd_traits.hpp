@@ -31,6 +31,17 @@ struct FwdParams {
   bool align_bottom_right;
   const float* alibi_slopes;  // nullptr = off
   int64_t alibi_batch_stride;
+  // e4m3 only: dequantization factors of (batch b, kv head hk) at ptr[b * batch_stride + hk *
+  // head_stride] (0 strides broadcast; nullptr = 1), and v transposed by the launch into
+  // vt [batch, num_heads_k, head_dim_v, vt_cols] (keys permuted within 32-key blocks: fp8_vt_key()).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
+  const void* vt;
+  int64_t vt_cols;
 };
 
 // A tile configuration: head_dim bucket, block_n, m-tiles per warp, and how far the k-step loop of
@@ -96,27 +107,33 @@ namespace flashattn::cuda {
 //             S 64 + P 32 + O 32 registers (block_m 128 for short masked problems: 128 KB).
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
-template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kBlockM = kBlockM_;
+  // 2 (fp16 / bf16), or 1 (e4m3: the FP8 forward, whose out is bf16 and whose V tiles are Vᵀ).
+  static constexpr int kElemBytes = kElemBytes_;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Registers every thread starts with under __launch_bounds__(kThreads, 1): 168 for 384 threads,
   // 128 for 512 (scripts/gpu_check.sh build checks ptxas's report against these).
   static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
+  static constexpr int kOutBytes = kBlockM * kHeadDim * 2;  // out is 16-bit
   // S = Q Kᵀ with Q's A fragments in registers (head_dim / 4 per thread) instead of shared memory:
   // per key tile the two consumers then read 64 KB of operands for S instead of 96 KB, next to
   // P V's 64 KB and the ring's 64 KB of TMA writes, against 128 bytes per clock of shared memory
   // over the tile's 2048 tensor cycles. Two consumers only: with three (160 registers each) the
   // fragments spill.
-  static constexpr bool kQInRegs = kHeadDim <= 128 && kBlockM == 128;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr bool kQInRegs = kHeadDim <= 128 && kBlockM == 128 && kElemBytes == 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
   // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
   // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
-  static constexpr int kOBytes = 2 * kQBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kQBytes : 0;
+  // (The FP8 tile must have it: its Q tile is half the size of O.)
+  static constexpr int kOBytes =
+      kQBytes + kOutBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kOutBytes : 0;
+  static_assert(kElemBytes == 2 || kOBytes > 0, "the FP8 forward stages O in a buffer of its own");
   static constexpr bool kPersistent = kOBytes > 0;
   // setmaxnreg split (sm90_utils.cuh; checked against kEntryRegs below and by
   // scripts/sm90_entry_regs.awk): a persistent producer carries its tile loop's state (tile, ring
@@ -153,6 +170,11 @@ struct FwdSm90Traits<128> {
   using MaskedShort = Config;
   static constexpr int kMaskedShortBelow = 0;
 };
+// FP8 (e4m3) forward: head_dim 128, block_m 128 (two consumers), block_n 128, 3 stages of 16 KB K
+// and 16 KB Vᵀ tiles: 16 KB Q + 96 KB ring + 32 KB bf16 O staging.
+struct FwdSm90Fp8Traits {
+  using Config = FwdSm90Config<128, 128, 3, 128, 1>;
+};
 template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 64, 2>;
@@ -165,5 +187,9 @@ struct FwdSm90Traits<256> {
 // (seqlen, or the packed totals when varlen): they bound the TMA tensor maps.
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream);
+
+// The FP8 forward (e4m3 q, k, v, bf16 out; batched, head_dim 128): transposes v into a workspace,
+// then runs the Hopper forward on it. `p.vt` and `p.vt_cols` are set by this launch.
+void launch_fwd_sm90_fp8(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream);
 
 }  // namespace flashattn::cuda

@@ -27,6 +27,21 @@ struct F16 {
 struct BF16 {
   using Storage = __nv_bfloat16;
 };
+// OCP float8 e4m3fn (FP8 forward only: q, k, v in it, out in bf16).
+struct E4M3 {
+  using Storage = uint8_t;
+};
+
+// The element type of out for inputs of type T: the same, but bf16 for e4m3 (FlashAttention-3's FP8
+// forward writes bf16).
+template <typename T>
+struct OutElem {
+  using type = T;
+};
+template <>
+struct OutElem<E4M3> {
+  using type = BF16;
+};
 
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -66,6 +81,18 @@ template <>
 __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Four floats as e4m3 (round to nearest even, saturating at ±448) in one register, b0 in the low byte.
+__device__ __forceinline__ uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(r)
+      : "f"(b0), "f"(b1), "f"(b2), "f"(b3));
+  return r;
 }
 
 // The two 16-bit values of one register (pack2's inverse, exact) as floats: lo in x, hi in y.

@@ -102,11 +102,12 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
 
 // A whole swizzled tile (sm90_utils.cuh's layout): kRows rows from `row` of (head, batch), all
 // kPanels 64-column panels, one TMA box each, completing on `bar`.
-template <int kPanels, int kRows>
+// kPanelCols: elements per 128-byte panel row (64 of 16 bits, 128 of 8 bits).
+template <int kPanels, int kRows, int kPanelCols = 64>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
                                               int batch) {
 #pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) tma_load_4d(dst + pn * kRows * 128, map, bar, pn * 64, row, head, batch);
+  for (int pn = 0; pn < kPanels; ++pn) tma_load_4d(dst + pn * kRows * 128, map, bar, pn * kPanelCols, row, head, batch);
 }
 
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
@@ -207,22 +208,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of 64
-// columns x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
+// A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of one
+// 128-byte panel (64 columns of 16 bits, 128 of 8) x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
 // through, so any valid value stands in for them (TMA wants multiples of 16 bytes).
 template <typename Elem>
 CUtensorMap make_tensor_map(const char* name, const void* ptr, int64_t dim, int64_t rows, int64_t heads,
                             int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                             int box_rows) {
-  auto fix = [](int64_t n, int64_t stride) { return n > 1 ? stride : 8; };
+  constexpr int64_t kBytes = sizeof(typename Elem::Storage);
+  auto fix = [](int64_t n, int64_t stride) { return n > 1 ? stride : 16 / kBytes; };
   CUtensorMap map;
   const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(fix(rows, row_stride) * 2), cuuint64_t(fix(heads, head_stride) * 2),
-                                 cuuint64_t(fix(batch, batch_stride) * 2)};
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint64_t strides[3] = {cuuint64_t(fix(rows, row_stride) * kBytes),
+                                 cuuint64_t(fix(heads, head_stride) * kBytes),
+                                 cuuint64_t(fix(batch, batch_stride) * kBytes)};
+  const cuuint32_t box[4] = {cuuint32_t(128 / kBytes), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<Elem, BF16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = std::is_same_v<Elem, BF16>   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : std::is_same_v<Elem, F16> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   const CUresult r = encode_tiled()(&map, type, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -1,0 +1,73 @@
+// The FP8 (e4m3) forward's launch: v transposed into a workspace, then the Hopper forward
+// (fwd_sm90_tma_wgmma.cuh) with e4m3 tiles. Built when the build has sm_90a machine code.
+#include "cuda/fwd_sm90_tma_wgmma.cuh"
+
+namespace flashattn::cuda {
+
+// ---- FP8 (e4m3) forward ------------------------------------------------------------------------
+// FP8 wgmma reads both operands K-major, so O += P V needs Vᵀ (keys contiguous). A pre-pass writes
+// it, and permutes the keys within each 32-key block so that the softmax's accumulator registers,
+// packed four to a register, are already the 8-bit A fragment of P (FA-3 shuffles bytes instead):
+// position c of a block holds key fp8_vt_key(c), the key whose score sits at byte c % 4 of the
+// fragment register of thread (c % 16) / 4 (n8 tiles 2j, 2j+1 give keys 2t, 2t+1, 8+2t, 9+2t).
+__host__ __device__ constexpr int fp8_vt_key(int c) {
+  const int r = c % 16, i = r % 4;
+  return 16 * (c / 16) + 2 * (r / 4) + (i & 1) + 8 * (i >> 1);
+}
+
+// vt[b, hk, d, col] = v[b, key(col), hk, d], key(col) = 32 ⌊col / 32⌋ + fp8_vt_key(col % 32), and 0
+// past seqlen_k. One block per (128 keys, kv head, batch): v's rows in coalesced 16-byte chunks into
+// shared memory, then vt's rows out as 16-byte chunks.
+template <int D>
+__global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const __grid_constant__ FwdParams p, uint8_t* vt) {
+  __shared__ uint32_t tile[128][D / 4 + 1];  // [key][d / 4], padded against bank conflicts
+  const int key0 = blockIdx.x * 128, hk = blockIdx.y, b = blockIdx.z;
+  const int num_heads_k = p.num_heads / p.head_ratio;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+  for (int i = threadIdx.x; i < 128 * (D / 16); i += blockDim.x) {
+    const int r = i / (D / 16), c = i % (D / 16);
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (key0 + r < p.seqlen_k) val = *reinterpret_cast<const uint4*>(v + (key0 + r) * p.v_row_stride + c * 16);
+    tile[r][4 * c + 0] = val.x;
+    tile[r][4 * c + 1] = val.y;
+    tile[r][4 * c + 2] = val.z;
+    tile[r][4 * c + 3] = val.w;
+  }
+  __syncthreads();
+  const auto byte_at = [&](int key, int d) { return (tile[key][d / 4] >> (8 * (d % 4))) & 0xFFu; };
+  uint8_t* out = vt + ((int64_t(b) * num_heads_k + hk) * D) * p.vt_cols + key0;
+  for (int i = threadIdx.x; i < D * 8; i += blockDim.x) {
+    const int d = i / 8, c16 = i % 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 16 * c16 + 4 * q + e;
+        word |= byte_at(32 * (col / 32) + fp8_vt_key(col % 32), d) << (8 * e);
+      }
+      w[q] = word;
+    }
+    *reinterpret_cast<uint4*>(out + int64_t(d) * p.vt_cols + 16 * c16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+void launch_fwd_sm90_fp8(const FwdParams& p0, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k,
+                         void* stream) {
+  using Cfg = FwdSm90Fp8Traits::Config;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const int num_heads_k = p0.num_heads / p0.head_ratio;
+  FwdParams p = p0;
+  p.vt_cols = (int64_t(p.seqlen_k) + 127) / 128 * 128;
+  StreamBuffer vt;
+  vt.stream = cuda_stream;
+  FA_CUDA_CHECK(cudaMallocAsync(&vt.ptr, size_t(batch) * num_heads_k * Cfg::kHeadDim * p.vt_cols, cuda_stream));
+  fp8_transpose_v_kernel<Cfg::kHeadDim><<<dim3(unsigned(p.vt_cols / 128), unsigned(num_heads_k), unsigned(batch)), 256,
+                                          0, cuda_stream>>>(p, static_cast<uint8_t*>(vt.ptr));
+  FA_CUDA_CHECK(cudaGetLastError());
+  p.vt = vt.ptr;
+  launch_fwd_sm90_config<E4M3, Cfg>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+}
+
+}  // namespace flashattn::cuda
