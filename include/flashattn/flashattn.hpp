@@ -49,6 +49,14 @@
 // with smaller strides, so that no element is reached twice).
 // GQA/MQA: num_heads must be a multiple of num_heads_k; query head h reads KV head h / (num_heads / num_heads_k),
 // and dk/dv of a KV head are sums over its query heads.
+//
+// FP8 forward (FlashAttention-3, Shah et al. 2024, Sec. 3.3): q, k, v in DType::e4m3 with float32
+// dequantization factors q_descale, k_descale, v_descale (per tensor, or per (batch, KV head)):
+//   S = softmax_scale · (q_descale·Q)(k_descale·K)ᵀ   (then softcap, ALiBi and the masks as above)
+//   O = softmax(S) · (v_descale·V)                    out in bf16, lse float32 as above
+// where query head h uses the descales of KV head h / (num_heads / num_heads_k). Forward only, batched
+// layout only, head_dim = head_dim_v = 128 only, on the CUDA backend (sm_90) only; every other case is
+// refused by name (plan() gives the reason, forward() and backward() throw it).
 #pragma once
 
 #include <cstddef>
@@ -73,7 +81,10 @@ class CudaError : public Error {
   using Error::Error;
 };
 
-enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 };
+// e4m3: OCP float8 e4m3fn (PyTorch's torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7) and 3
+// mantissa bits, no infinities, 0x7F / 0xFF = NaN, largest finite 448, subnormals down to 2^-9.
+// Only q, k and v of the FP8 forward take it (see the header comment).
+enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, e4m3 = 4 };
 enum class Device : int32_t { cpu = 0, cuda = 1 };
 enum class CausalAlign : int32_t { bottom_right = 0, top_left = 1 };
 
@@ -126,6 +137,13 @@ struct AttentionParams {
   // throws Error when even one does not fit.
   int num_threads = 0;
   void* stream = nullptr;      // CUDA: cudaStream_t, nullptr = default stream
+
+  // FP8 forward only (q, k, v e4m3; FlashAttention-3's q_descale / k_descale / v_descale, Sec. 3.3):
+  // float32 dequantization factors, on q's device, each either [batch, num_heads_k] (any strides,
+  // 0 broadcasts) or a single value for the whole tensor (rank 0 with data, or rank 1 of size 1).
+  // Not given (data == nullptr, ndim == 0) = 1. Query head h uses KV head h / (num_heads / num_heads_k).
+  // Given with q not e4m3: Error naming the argument. Values are not checked (they stay on the device).
+  TensorView q_descale, k_descale, v_descale;
 };
 
 /// Which kernel would run a call, or why none can. Dispatch, the CLI, the bindings and the tests all

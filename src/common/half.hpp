@@ -1,7 +1,8 @@
-// Scalar fp16/bf16 <-> float32 conversions for host code (CPU backend, reference, file I/O).
-// Round-to-nearest-even, NaN preserved; the vectorized CPU paths use their own SIMD converts.
+// Scalar fp16/bf16/e4m3 <-> float32 conversions for host code (CPU backend, reference, file I/O,
+// tests). Round-to-nearest-even, NaN preserved; the vectorized CPU paths use their own SIMD converts.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -65,6 +66,35 @@ inline uint16_t float_to_fp16(float f) {
   const uint32_t rem = m & ((1u << shift) - 1u);
   if (rem > half_ulp || (rem == half_ulp && (v & 1u))) ++v;
   return sign | static_cast<uint16_t>(v);
+}
+
+// OCP float8 e4m3fn (DType::e4m3, PyTorch's float8_e4m3fn): sign, 4 exponent bits (bias 7), 3
+// mantissa bits; exponent field 0 holds the subnormals m · 2^-9; 0x7F / 0xFF are NaN; no infinities.
+inline float e4m3_to_float(uint8_t x) {
+  const float sign = (x & 0x80u) ? -1.0f : 1.0f;
+  const int exp = (x >> 3) & 0xf, mant = x & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::nanf("");
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -9);
+  return sign * std::ldexp(static_cast<float>(8 + mant), exp - 10);
+}
+
+// Round to nearest even, saturating to ±448 (the largest finite e4m3, as CUDA's __NV_SATFINITE
+// conversion does; PyTorch's .to(float8_e4m3fn) would give NaN past 464); NaN -> 0x7F.
+inline uint8_t float_to_e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80u : 0x00u;
+  if (std::isnan(f)) return 0x7fu;
+  const double a = std::fabs(static_cast<double>(f));
+  if (a >= 448.0) return sign | 0x7eu;
+  if (a < 0.015625) {  // below 2^-6, the smallest normal: multiples of 2^-9 (8 of them reach 2^-6 = code 8)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0));
+  }
+  int e2 = 0;
+  std::frexp(a, &e2);                       // a = frac · 2^e2, frac in [0.5, 1): exponent e2 − 1
+  const double steps = std::nearbyint(std::ldexp(a, 4 - e2));  // 1.mmm in units of 2^-3: 8..16
+  int exp = e2 - 1 + 7;
+  int mant = static_cast<int>(steps) - 8;
+  if (mant == 8) ++exp, mant = 0;           // rounded up to the next power of two
+  return sign | static_cast<uint8_t>((exp << 3) | mant);
 }
 
 }  // namespace flashattn::detail

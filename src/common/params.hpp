@@ -14,7 +14,8 @@
 namespace flashattn::detail {
 
 struct Params {
-  DType dtype;            // of q, k, v, out, dout, dq, dk, dv
+  DType dtype;            // of q, k, v, dout, dq, dk, dv
+  DType out_dtype;  // of out: dtype, except bf16 when dtype is e4m3
   Device device;
   int32_t device_index;
 
@@ -55,6 +56,12 @@ struct Params {
   bool deterministic;
   int num_threads;
   void* stream;
+
+  // e4m3 only: dequantization factors, float32, element (b, kv head hk) at ptr[b * batch_stride + hk * head_stride]
+  // (strides in elements, 0 = broadcast); nullptr = 1.
+  const float* q_descale; int64_t q_descale_batch_stride, q_descale_head_stride;
+  const float* k_descale; int64_t k_descale_batch_stride, k_descale_head_stride;
+  const float* v_descale; int64_t v_descale_batch_stride, v_descale_head_stride;
 
   // Sequence b's start row and length, for q and k.
   int64_t q_start(int64_t b) const { return is_varlen ? cu_seqlens_q[b] : 0; }

@@ -13,6 +13,7 @@ const char* dtype_name(DType dtype) {
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
     case DType::i32: return "int32";
+    case DType::e4m3: return "e4m3";
   }
   return "unknown";
 }
@@ -23,6 +24,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::e4m3: return 1;
   }
   return 0;  // an out-of-range enum value (e.g. from the C API); validate() rejects it by name
 }

@@ -50,7 +50,7 @@ std::string device_str(const TensorView& t) {
 }
 
 bool valid_dtype(DType d) {
-  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::i32;
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::i32 || d == DType::e4m3;
 }
 
 // Checks that hold for every given tensor on its own: rank, dtype and device enums, non-negative
@@ -63,7 +63,7 @@ void check_tensor(const char* name, const TensorView& t, int32_t expected_ndim, 
          std::to_string(t.ndim));
   }
   if (!valid_dtype(t.dtype)) {
-    fail(std::string(name) + ": expected a dtype among fp32, fp16, bf16, int32, got enum value " +
+    fail(std::string(name) + ": expected a dtype among fp32, fp16, bf16, int32, e4m3, got enum value " +
          std::to_string(static_cast<int32_t>(t.dtype)));
   }
   if (t.device != Device::cpu && t.device != Device::cuda) {
@@ -258,6 +258,74 @@ void check_distinct_outputs(const char* name, const TensorView& t, const char* o
          " (each output written once), got overlapping byte ranges with strides too unrelated to prove their "
          "elements distinct (" + where + "); pass each output in its own buffer or as views of one packed tensor");
   }
+}
+
+// A dequantization factor of the FP8 forward (q_descale, k_descale, v_descale; FlashAttention-3
+// Sec. 3.3): given when it has data or a rank (rank 0 with data is one value, unlike the other
+// tensors, where ndim 0 means "not given"). float32 on q's device, rank 0, rank 1 of size 1 (per
+// tensor) or [batch, num_heads_k] with any non-negative strides (0 broadcasts), as FA-3 takes them.
+bool descale_given(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
+
+void check_descale(const char* name, const TensorView& t, const TensorView& q, int64_t batch, int64_t num_heads_k) {
+  if (!descale_given(t)) return;
+  if (q.dtype != DType::e4m3) {
+    fail(std::string(name) + ": expected none (descales apply to e4m3 inputs only, FlashAttention-3's FP8 "
+         "forward), got a tensor with q in " + dtype_name(q.dtype));
+  }
+  if (t.ndim < 0 || t.ndim > 2 || (t.ndim == 1 && t.shape[0] != 1)) {
+    const std::string got = t.ndim < 0 || t.ndim > 4 ? "ndim " + std::to_string(t.ndim) : "shape " + shape_str(t);
+    fail(std::string(name) + ": expected one value (rank 0, or shape [1]) or shape [batch, num_heads_k] = [" +
+         std::to_string(batch) + ", " + std::to_string(num_heads_k) + "], got " + got);
+  }
+  check_dtype(name, t, DType::f32, "float32 dequantization factors");
+  if (t.device != q.device || t.device_index != q.device_index) {
+    fail(std::string(name) + ": expected device " + device_str(q) + " (same as q), got " +
+         (t.device == Device::cpu || t.device == Device::cuda ? device_str(t)
+                                                            : "enum value " + std::to_string(static_cast<int32_t>(t.device))));
+  }
+  if (t.ndim == 2) {
+    check_dim(name, t, 0, "batch", batch, "from q");
+    check_dim(name, t, 1, "num_heads_k", num_heads_k, "from k");
+  }
+  int64_t max_offset = 0;
+  bool overflow = false;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] <= 1) continue;
+    if (t.stride[d] < 0) {
+      fail(std::string(name) + ": expected stride[" + std::to_string(d) + "] >= 0 (0 broadcasts), got " +
+           std::to_string(t.stride[d]));
+    }
+    int64_t span = 0;
+    overflow |= __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span);
+    overflow |= __builtin_add_overflow(max_offset, span, &max_offset);
+  }
+  if (overflow || max_offset > INT64_MAX / 4 - 1) {
+    fail(std::string(name) + ": expected shape " + shape_str(t) +
+         " and strides to address at most 2^63 - 1 bytes, got an element offset that overflows int64");
+  }
+  const bool empty = t.ndim == 2 && (t.shape[0] == 0 || t.shape[1] == 0);
+  if (!empty && t.data == nullptr) {
+    fail(std::string(name) + ": expected a data pointer for shape " + shape_str(t) + ", got nullptr");
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  if (!empty && address % 4 != 0) {
+    fail(std::string(name) + ": expected a data pointer aligned to 4 bytes (the fp32 element size), got address " +
+         std::to_string(address));
+  }
+}
+
+// Byte range of a checked descale (its strides need not have a contiguous last dimension).
+Extent descale_extent(const TensorView& t) {
+  Extent e;
+  if (!descale_given(t) || t.data == nullptr) return e;
+  int64_t max_offset = 0;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return e;
+    max_offset += (t.shape[d] - 1) * t.stride[d];
+  }
+  e.lo = reinterpret_cast<uintptr_t>(t.data);
+  e.hi = e.lo + static_cast<uintptr_t>(max_offset + 1) * 4;
+  return e;
 }
 
 void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
@@ -457,12 +525,26 @@ Params validate(const AttentionParams& a, Pass pass) {
 
   // Dtypes.
   const DType dt = a.q.dtype;
-  if (dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) {
-    fail(std::string("q: expected dtype fp32, fp16 or bf16, got ") + dtype_name(dt));
+  if (dt != DType::f32 && dt != DType::f16 && dt != DType::bf16 && dt != DType::e4m3) {
+    fail(std::string("q: expected dtype fp32, fp16, bf16 or e4m3, got ") + dtype_name(dt));
+  }
+  // FlashAttention-3's FP8 attention (Sec. 3.3) is a forward pass: its P and V are rounded to e4m3,
+  // which a gradient cannot go through usefully, and FA-3 has no FP8 backward either.
+  const bool fp8 = dt == DType::e4m3;
+  if (fp8 && bwd) {
+    fail("q: expected dtype fp32, fp16 or bf16 in the backward (e4m3 inputs have a forward pass only, as "
+         "FlashAttention-3's FP8 attention), got e4m3");
+  }
+  if (fp8 && varlen) {
+    fail("cu_seqlens_q: expected none with q in e4m3 (the FP8 forward runs batched only for now, no varlen), "
+         "got cu_seqlens_q of shape " + shape_str(a.cu_seqlens_q));
   }
   check_dtype("k", a.k, dt, "same as q");
   check_dtype("v", a.v, dt, "same as q");
-  check_dtype("out", a.out, dt, "same as q");
+  // The FP8 forward writes bf16, as FlashAttention-3's does: e4m3's 3 mantissa bits would lose
+  // most of what the fp32 accumulation kept.
+  const DType out_dt = fp8 ? DType::bf16 : dt;
+  check_dtype("out", a.out, out_dt, fp8 ? "the output of the e4m3 forward, as FlashAttention-3's" : "same as q");
   if (a.lse.defined()) check_dtype("lse", a.lse, DType::f32, "lse is always float32");
   if (bwd) {
     check_dtype("dout", a.dout, dt, "same as q");
@@ -511,6 +593,15 @@ Params validate(const AttentionParams& a, Pass pass) {
   if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
     fail("v: expected shape[" + std::to_string(3 + o) + "] (head_dim_v) in 1..256, got " + std::to_string(head_dim_v));
   }
+  // The FP8 kernel exists for one head size so far (FlashAttention-3's most common one).
+  if (fp8 && head_dim != 128) {
+    fail("q: expected shape[3] (head_dim) = 128 with e4m3 inputs (the only FP8 head_dim for now), got " +
+         std::to_string(head_dim));
+  }
+  if (fp8 && head_dim_v != 128) {
+    fail("v: expected shape[3] (head_dim_v) = 128 with e4m3 inputs (the only FP8 head_dim for now), got " +
+         std::to_string(head_dim_v));
+  }
   auto check_like = [&](const char* name, const TensorView& t, const TensorView& like, const char* like_name,
                         const char* rows_name, const char* heads_name, const char* dim_name) {
     std::string from = std::string("same as ") + like_name;
@@ -540,6 +631,10 @@ Params validate(const AttentionParams& a, Pass pass) {
     check_like("dk", a.dk, a.k, "k", rows_k_name, "num_heads_k", "head_dim");
     check_like("dv", a.dv, a.v, "v", rows_k_name, "num_heads_k", "head_dim_v");
   }
+
+  check_descale("q_descale", a.q_descale, a.q, batch, num_heads_k);
+  check_descale("k_descale", a.k_descale, a.q, batch, num_heads_k);
+  check_descale("v_descale", a.v_descale, a.q, batch, num_heads_k);
 
   // Sequence lengths.
   int64_t seqlen_q = rows_q, seqlen_k = rows_k;
@@ -649,8 +744,17 @@ Params validate(const AttentionParams& a, Pass pass) {
     const Named outputs_fwd[] = {{"out", &a.out}, {"lse", &a.lse}};
     const Named outputs_bwd[] = {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
     if (!bwd) {
-      for (const Named& o : outputs_fwd)
+      for (const Named& o : outputs_fwd) {
         for (const Named& i : inputs_fwd) check_no_alias(o.name, *o.t, i.name, *i.t);
+        for (const Named& i : {Named{"q_descale", &a.q_descale}, Named{"k_descale", &a.k_descale},
+                               Named{"v_descale", &a.v_descale}}) {
+          const Extent eo = extent(*o.t), ei = descale_extent(*i.t);
+          if (eo.lo != eo.hi && ei.lo != ei.hi && eo.lo < ei.hi && ei.lo < eo.hi) {
+            fail(std::string(o.name) + ": expected memory disjoint from " + i.name +
+                 " (an output must not alias an input), got overlapping byte ranges");
+          }
+        }
+      }
     } else {
       for (const Named& o : outputs_bwd) {
         for (const Named& i : inputs_fwd) check_no_alias(o.name, *o.t, i.name, *i.t);
@@ -662,6 +766,7 @@ Params validate(const AttentionParams& a, Pass pass) {
   // Fill the backend-facing struct.
   Params p{};
   p.dtype = dt;
+  p.out_dtype = out_dt;
   p.device = a.q.device;
   p.device_index = a.q.device_index;
   p.batch = batch;
@@ -745,6 +850,16 @@ Params validate(const AttentionParams& a, Pass pass) {
   p.deterministic = a.deterministic;
   p.num_threads = a.num_threads;
   p.stream = a.stream;
+  // Descales: nullptr when not given; one value gets strides 0; a size-1 dim's stride is never
+  // stepped through (PyTorch leaves arbitrary strides there), so it becomes 0 as well.
+  auto set_descale = [](const TensorView& t, const float*& ptr, int64_t& batch_stride, int64_t& head_stride) {
+    ptr = descale_given(t) ? static_cast<const float*>(t.data) : nullptr;
+    batch_stride = t.ndim == 2 && t.shape[0] > 1 ? t.stride[0] : 0;
+    head_stride = t.ndim == 2 && t.shape[1] > 1 ? t.stride[1] : 0;
+  };
+  set_descale(a.q_descale, p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride);
+  set_descale(a.k_descale, p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+  set_descale(a.v_descale, p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
   return p;
 }
 

@@ -118,7 +118,7 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
   // O = Oᵀᵀ / l, lse = m + ln l. Rows that saw no key: out 0, lse −inf; rows with a NaN or +inf
   // score: l is NaN, so out and lse are NaN. lse is formed in double and rounded once: at large
   // scores its ulp is the accuracy limit of the backward's P = exp(S − lse).
-  const int64_t es = static_cast<int64_t>(dtype_size(p.dtype));
+  const int64_t es = static_cast<int64_t>(dtype_size(p.out_dtype));
   char* out = static_cast<char*>(p.out) +
               (it.b * p.o_batch_stride + (sq.q_start + m0) * p.o_row_stride + h * p.o_head_stride) * es;
   float* lse = p.lse ? p.lse + it.b * p.lse_batch_stride + h * p.lse_head_stride +
@@ -133,7 +133,7 @@ void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& 
     const float l = w.l[r];
     const bool empty = l == 0.0f;
     for (int64_t y = 0; y < dv; ++y) row[y] = w.ot[y * wl + r];
-    simd::store_row(p.dtype, row, out + r * p.o_row_stride * es, dv, empty ? 0.0f : 1.0f / l);
+    simd::store_row(p.out_dtype, row, out + r * p.o_row_stride * es, dv, empty ? 0.0f : 1.0f / l);
     if (lse) {
       const double lse_r = static_cast<double>(w.m[r]) + std::log(static_cast<double>(l));
       lse[r * p.lse_row_stride] = empty ? simd::kNegInf : static_cast<float>(lse_r);

@@ -34,9 +34,22 @@ double load_element(const void* base, DType dtype, int64_t offset) {
   switch (dtype) {
     case DType::f16: return detail::fp16_to_float(static_cast<const uint16_t*>(base)[offset]);
     case DType::bf16: return detail::bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case DType::e4m3: return detail::e4m3_to_float(static_cast<const uint8_t*>(base)[offset]);
     default: return static_cast<const float*>(base)[offset];
   }
 }
+
+// An e4m3 tensor's dequantization factors (Params::q_descale ...): the factor of (batch b, head h)
+// of a tensor with `heads` heads, whose KV head is h / (heads / num_heads_k). nullptr = 1.
+struct Descale {
+  const float* ptr = nullptr;
+  int64_t batch_stride = 0, head_stride = 0;
+  double at(const Params& p, int64_t b, int64_t h, int64_t heads) const {
+    if (!ptr) return 1.0;
+    const int64_t hk = h / (heads / p.num_heads_k);
+    return ptr[b * batch_stride + hk * head_stride];
+  }
+};
 
 int64_t dense_start(const Params& p, int64_t b, bool is_q) {
   if (p.is_varlen) return is_q ? p.cu_seqlens_q[b] : p.cu_seqlens_k[b];
@@ -45,8 +58,10 @@ int64_t dense_start(const Params& p, int64_t b, bool is_q) {
 
 // Copies a strided [batch, rows, heads, dim] (or varlen [rows, heads, dim]) tensor into a dense
 // float64 [total_rows, heads, dim] array.
+// An e4m3 tensor's elements are multiplied by their descale (in float64, exactly).
 std::vector<double> load_dense(const Params& p, bool is_q, const void* base, int64_t batch_stride,
-                               int64_t row_stride, int64_t head_stride, int64_t heads, int64_t dim) {
+                               int64_t row_stride, int64_t head_stride, int64_t heads, int64_t dim,
+                               const Descale& descale = {}) {
   const int64_t total = is_q ? total_q(p) : total_k(p);
   std::vector<double> dense(static_cast<size_t>(total * heads * dim));
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -57,7 +72,8 @@ std::vector<double> load_dense(const Params& p, bool is_q, const void* base, int
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t src = b * batch_stride + (start + i) * row_stride + h * head_stride;
         double* dst = &dense[static_cast<size_t>(((row0 + i) * heads + h) * dim)];
-        for (int64_t d = 0; d < dim; ++d) dst[d] = load_element(base, p.dtype, src + d);
+        const double scale = descale.at(p, b, h, heads);
+        for (int64_t d = 0; d < dim; ++d) dst[d] = load_element(base, p.dtype, src + d) * scale;
       }
     }
   }
@@ -130,9 +146,12 @@ void forward(const Params& p, Precision prec, double* out, double* lse) {
   require_host(p);
   const Rounder rnd{prec, p.dtype};
   Inputs in;
-  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim);
-  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim);
-  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v);
+  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim,
+                    {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride});
+  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim,
+                    {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride});
+  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v,
+                    {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride});
   const int64_t tq = total_q(p);
   const int64_t group = p.num_heads / p.num_heads_k;
   const int64_t work = p.batch * p.num_heads;
@@ -161,9 +180,12 @@ void backward(const Params& p, Precision prec, double* dq, double* dk, double* d
   if (!p.dout) throw Error("dout: expected a tensor for the reference backward, got none");
   const Rounder rnd{prec, p.dtype};
   Inputs in;
-  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim);
-  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim);
-  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v);
+  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim,
+                    {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride});
+  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim,
+                    {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride});
+  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v,
+                    {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride});
   const std::vector<double> dout =
       load_dense(p, true, p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.num_heads, p.head_dim_v);
   const int64_t group = p.num_heads / p.num_heads_k;

@@ -8,6 +8,9 @@
 // backward of FA-2 Alg. 2: dV = Pᵀ dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D),
 // dS' = dS · (1 − tanh²) under softcap, dQ = softmax_scale · dS' K, dK = softmax_scale · dS'ᵀ Q.
 // Rows that see no key get out = 0, lse = −inf and zero gradients.
+// e4m3 inputs (the FP8 forward) are decoded and multiplied by their descales (Params::q_descale,
+// ...) in float64; Precision::input then rounds the intermediates to float32, not to e4m3 (the FP8
+// forward's own naive formula, FlashAttention-3's, is emulated by the tests, tests/support).
 #pragma once
 
 #include <cstdint>
