@@ -14,6 +14,8 @@
 
 #include "attn_problem.hpp"
 #include "common/params.hpp"
+#include "fp8_emulation.hpp"
+#include "reference/reference.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -110,7 +112,7 @@ const ErrorCase kCases[] = {
      "out", "overflows int64"},
     // Dtypes.
     {"QDtypeInt32", Pass::forward, false, [](AttentionParams& a) { a.q.dtype = DType::i32; }, "q",
-     "fp32, fp16 or bf16, got int32"},
+     "fp32, fp16, bf16 or e4m3, got int32"},
     {"QDtypeUnknown", Pass::forward, false, [](AttentionParams& a) { a.q.dtype = static_cast<DType>(9); }, "q",
      "got enum value 9"},
     {"KDtypeMismatch", Pass::forward, false, [](AttentionParams& a) { a.k.dtype = DType::f16; }, "k",
@@ -443,6 +445,262 @@ TEST_P(ValidationError, NamesArgumentAndWritesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(All, ValidationError, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<ErrorCase>& info) { return std::string(info.param.name); });
+
+// ------------------------------------------------------------------------------------------------
+// The FP8 (e4m3) forward's arguments (FlashAttention-3 Sec. 3.3). Base call: q [2, 5, 4, 128],
+// k [2, 7, 2, 128], v [2, 7, 2, 128] e4m3, out bf16, lse, descales [2, 2] float32, all on the CPU
+// (validate() accepts them there; only the CPU backend refuses e4m3).
+
+ProblemConfig fp8_config() {
+  ProblemConfig c = ProblemConfig::batched(DType::e4m3, 2, 5, 7, 4, 2, 128);
+  c.descale = Descale::per_head;
+  return c;
+}
+
+struct Fp8ErrorCase {
+  const char* name;
+  Pass pass;
+  void (*configure)(ProblemConfig&);  // nullptr: fp8_config() as is
+  Mutation mutate;                    // nullptr: none
+  const char* argument;
+  const char* contains;
+};
+
+void PrintTo(const Fp8ErrorCase& c, std::ostream* os) { *os << c.name; }
+
+const Fp8ErrorCase kFp8Cases[] = {
+    {"KFp16", Pass::forward, nullptr, [](AttentionParams& a) { a.k.dtype = DType::f16; }, "k",
+     "dtype e4m3 (same as q), got fp16"},
+    {"VBf16", Pass::forward, nullptr, [](AttentionParams& a) { a.v.dtype = DType::bf16; }, "v",
+     "dtype e4m3 (same as q), got bf16"},
+    {"OutFp16", Pass::forward, nullptr, [](AttentionParams& a) { a.out.dtype = DType::f16; }, "out",
+     "dtype bf16 (the output of the e4m3 forward, as FlashAttention-3's), got fp16"},
+    {"OutE4m3", Pass::forward, nullptr, [](AttentionParams& a) { a.out.dtype = DType::e4m3; }, "out",
+     "dtype bf16 (the output of the e4m3 forward, as FlashAttention-3's), got e4m3"},
+    {"QDescaleFp16", Pass::forward, nullptr, [](AttentionParams& a) { a.q_descale.dtype = DType::f16; }, "q_descale",
+     "dtype fp32 (float32 dequantization factors), got fp16"},
+    {"KDescaleBf16Scalar", Pass::forward, [](ProblemConfig& c) { c.descale = Descale::scalar; },
+     [](AttentionParams& a) { a.k_descale.dtype = DType::bf16; }, "k_descale", "dtype fp32"},
+    {"KDescaleWrongBatch", Pass::forward, nullptr, [](AttentionParams& a) { a.k_descale.shape[0] = 3; }, "k_descale",
+     "shape[0] (batch) = 2 (from q), got 3 in shape [3, 2]"},
+    {"VDescaleWrongHeads", Pass::forward, nullptr, [](AttentionParams& a) { a.v_descale.shape[1] = 4; }, "v_descale",
+     "shape[1] (num_heads_k) = 2 (from k), got 4"},
+    {"QDescaleNumHeadsNotNumHeadsK", Pass::forward, nullptr,
+     [](AttentionParams& a) {
+       a.q_descale.shape[1] = 4;  // [batch, num_heads]: FA-3's descales are per KV head
+       a.q_descale.stride[0] = 4;
+     },
+     "q_descale", "(num_heads_k) = 2 (from k), got 4"},
+    {"QDescaleRank3", Pass::forward, nullptr,
+     [](AttentionParams& a) {
+       a.q_descale.ndim = 3;
+       a.q_descale.shape[2] = 1;
+     },
+     "q_descale", "one value (rank 0, or shape [1]) or shape [batch, num_heads_k] = [2, 2], got shape [2, 2, 1]"},
+    {"VDescaleShape2", Pass::forward, [](ProblemConfig& c) { c.descale = Descale::per_tensor; },
+     [](AttentionParams& a) { a.v_descale.shape[0] = 2; }, "v_descale", "got shape [2]"},
+    {"KDescaleNdimNegative", Pass::forward, nullptr, [](AttentionParams& a) { a.k_descale.ndim = -1; }, "k_descale",
+     "got ndim -1"},
+    {"QDescaleOnCuda", Pass::forward, nullptr, [](AttentionParams& a) { a.q_descale.device = Device::cuda; },
+     "q_descale", "device cpu:0 (same as q), got cuda:0"},
+    {"VDescaleDeviceIndex", Pass::forward, nullptr, [](AttentionParams& a) { a.v_descale.device_index = 1; },
+     "v_descale", "device cpu:0 (same as q), got cpu:1"},
+    {"KDescaleNegativeStride", Pass::forward, nullptr, [](AttentionParams& a) { a.k_descale.stride[0] = -2; },
+     "k_descale", "stride[0] >= 0 (0 broadcasts), got -2"},
+    {"QDescaleStrideOverflow", Pass::forward, nullptr,
+     [](AttentionParams& a) { a.q_descale.stride[0] = std::numeric_limits<int64_t>::max() / 2; }, "q_descale",
+     "overflows int64"},
+    {"VDescaleNull", Pass::forward, nullptr, [](AttentionParams& a) { a.v_descale.data = nullptr; }, "v_descale",
+     "a data pointer for shape [2, 2], got nullptr"},
+    {"KDescaleMisaligned", Pass::forward, nullptr,
+     [](AttentionParams& a) { a.k_descale.data = static_cast<char*>(a.k_descale.data) + 2; }, "k_descale",
+     "aligned to 4 bytes"},
+    {"OutAliasesQDescale", Pass::forward, nullptr, [](AttentionParams& a) { a.q_descale.data = a.out.data; }, "out",
+     "memory disjoint from q_descale (an output must not alias an input)"},
+    {"LseAliasesScalarVDescale", Pass::forward, [](ProblemConfig& c) { c.descale = Descale::scalar; },
+     [](AttentionParams& a) { a.v_descale.data = static_cast<float*>(a.lse.data) + 3; }, "lse",
+     "disjoint from v_descale"},
+    {"Backward", Pass::backward, nullptr, nullptr, "q",
+     "fp32, fp16 or bf16 in the backward (e4m3 inputs have a forward pass only"},
+    {"Varlen", Pass::forward,
+     [](ProblemConfig& c) {
+       c.lens_q = {3, 4};
+       c.lens_k = {5, 2};
+       c.descale = Descale::none;
+     },
+     nullptr, "cu_seqlens_q", "none with q in e4m3 (the FP8 forward runs batched only for now, no varlen)"},
+    {"HeadDim64", Pass::forward, [](ProblemConfig& c) { c.head_dim = 64; }, nullptr, "q",
+     "shape[3] (head_dim) = 128 with e4m3 inputs (the only FP8 head_dim for now), got 64"},
+    {"HeadDimV64", Pass::forward, [](ProblemConfig& c) { c.head_dim_v = 64; }, nullptr, "v",
+     "shape[3] (head_dim_v) = 128 with e4m3 inputs (the only FP8 head_dim for now), got 64"},
+    {"HeadDim256", Pass::forward, [](ProblemConfig& c) { c.head_dim = 256; }, nullptr, "q", "got 256"},
+    // Descales belong to e4m3 inputs only.
+    {"DescaleForBf16", Pass::forward, [](ProblemConfig& c) { c.dtype = DType::bf16; }, nullptr, "q_descale",
+     "none (descales apply to e4m3 inputs only, FlashAttention-3's FP8 forward), got a tensor with q in bf16"},
+    {"ScalarDescaleForFp16", Pass::forward,
+     [](ProblemConfig& c) {
+       c.dtype = DType::f16;
+       c.descale = Descale::scalar;
+     },
+     nullptr, "q_descale", "got a tensor with q in fp16"},
+    {"VDescaleOnlyForFp32Backward", Pass::backward, [](ProblemConfig& c) { c.dtype = DType::f32; },
+     [](AttentionParams& a) { a.q_descale = a.k_descale = {}; }, "v_descale", "got a tensor with q in fp32"},
+    // The CPU backend has no FP8 kernel: plan() says so, forward() throws it.
+    {"OnCpu", Pass::forward, nullptr, nullptr, "q",
+     "a CUDA tensor for e4m3 (the FP8 forward runs only on the CUDA backend, sm_90), got a CPU tensor"},
+    {"OnCpuWithoutDescales", Pass::forward, [](ProblemConfig& c) { c.descale = Descale::none; }, nullptr, "q",
+     "got a CPU tensor"},
+};
+
+class Fp8ValidationError : public ::testing::TestWithParam<Fp8ErrorCase> {};
+
+TEST_P(Fp8ValidationError, NamesArgumentAndWritesNothing) {
+  const Fp8ErrorCase& c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  ProblemConfig cfg = fp8_config();
+  if (c.configure) c.configure(cfg);
+  Problem pr(cfg, seed);
+  AttentionParams a = pr.params();
+  if (c.mutate) c.mutate(a);
+  const std::string prefix = std::string(c.argument) + ": expected";
+
+  const Plan pl = plan(a, c.pass);
+  EXPECT_FALSE(pl.ok);
+  EXPECT_EQ(pl.reason.rfind(prefix, 0), 0u) << "reason: " << pl.reason;
+  EXPECT_NE(pl.reason.find(c.contains), std::string::npos) << "reason: " << pl.reason;
+  EXPECT_NE(pl.reason.find("got"), std::string::npos) << "reason: " << pl.reason;
+
+  const HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv;
+  try {
+    if (c.pass == Pass::forward) forward(a); else backward(a);
+    ADD_FAILURE() << "expected flashattn::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), pl.reason) << "plan() and the call must give the same reason";
+  }
+  EXPECT_TRUE(pr.out.bitwise_equal(out0));
+  EXPECT_TRUE(pr.lse.bitwise_equal(lse0));
+  EXPECT_TRUE(pr.dq.bitwise_equal(dq0));
+  EXPECT_TRUE(pr.dk.bitwise_equal(dk0));
+  EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Fp8ValidationError, ::testing::ValuesIn(kFp8Cases),
+                         [](const ::testing::TestParamInfo<Fp8ErrorCase>& info) { return std::string(info.param.name); });
+
+// validate() fills out_dtype and the descales (the CUDA kernel reads these fields by name).
+TEST(Fp8Validation, FillsOutDtypeAndDescales) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Problem pr(ProblemConfig::batched(dt, 2, 5, 7, 4, 2, 8), 1);
+    const detail::Params p = detail::validate(pr.params(), Pass::forward);
+    EXPECT_EQ(p.out_dtype, dt);
+    EXPECT_EQ(p.q_descale, nullptr);
+    EXPECT_EQ(p.k_descale, nullptr);
+    EXPECT_EQ(p.v_descale, nullptr);
+  }
+  for (Descale ds : {Descale::none, Descale::scalar, Descale::per_tensor, Descale::per_head}) {
+    ProblemConfig c = fp8_config();
+    c.descale = ds;
+    Problem pr(c, 1);
+    const AttentionParams a = pr.params();
+    const detail::Params p = detail::validate(a, Pass::forward);
+    EXPECT_EQ(p.dtype, DType::e4m3);
+    EXPECT_EQ(p.out_dtype, DType::bf16);
+    const float* ptrs[3] = {p.q_descale, p.k_descale, p.v_descale};
+    const int64_t bs[3] = {p.q_descale_batch_stride, p.k_descale_batch_stride, p.v_descale_batch_stride};
+    const int64_t hs[3] = {p.q_descale_head_stride, p.k_descale_head_stride, p.v_descale_head_stride};
+    const TensorView* views[3] = {&a.q_descale, &a.k_descale, &a.v_descale};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(ptrs[i], ds == Descale::none ? nullptr : views[i]->data) << i;
+      EXPECT_EQ(bs[i], ds == Descale::per_head ? 2 : 0) << i;  // [batch, num_heads_k] contiguous
+      EXPECT_EQ(hs[i], ds == Descale::per_head ? 1 : 0) << i;
+    }
+  }
+}
+
+// FA-3 takes descales of any strides: a per-head factor broadcast over the batch (stride 0), a
+// per-batch one broadcast over the heads, a transposed [num_heads_k, batch] buffer; size-1 dims
+// get stride 0 whatever stride they came with.
+TEST(Fp8Validation, DescalesTakeAnyStrides) {
+  Problem pr(fp8_config(), 1);
+  float buf[4] = {0.5f, 1.0f, 1.5f, 2.0f};
+  AttentionParams a = pr.params();
+  a.q_descale.data = buf;
+  a.q_descale.stride[0] = 0;  // [batch, num_heads_k] broadcast over the batch
+  a.q_descale.stride[1] = 1;
+  a.k_descale.data = buf;
+  a.k_descale.stride[0] = 1;  // broadcast over the heads: last stride 0 is fine here
+  a.k_descale.stride[1] = 0;
+  a.v_descale.data = buf;
+  a.v_descale.stride[0] = 1;  // transposed
+  a.v_descale.stride[1] = 2;
+  detail::Params p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.q_descale_batch_stride, 0);
+  EXPECT_EQ(p.q_descale_head_stride, 1);
+  EXPECT_EQ(p.k_descale_batch_stride, 1);
+  EXPECT_EQ(p.k_descale_head_stride, 0);
+  EXPECT_EQ(p.v_descale_batch_stride, 1);
+  EXPECT_EQ(p.v_descale_head_stride, 2);
+  a.q_descale.ndim = 1;  // shape [1] with a stray stride
+  a.q_descale.shape[0] = 1;
+  a.q_descale.stride[0] = 7;
+  p = detail::validate(a, Pass::forward);
+  EXPECT_EQ(p.q_descale, buf);
+  EXPECT_EQ(p.q_descale_batch_stride, 0);
+  EXPECT_EQ(p.q_descale_head_stride, 0);
+}
+
+// The test support's FP8 pieces on the CPU: the float64 reference reads e4m3 inputs times their
+// descales (checked against the same problem in fp32 holding the products), and the FA-3 emulation
+// (the FP8 criterion's naive formula) is close to it but not equal (P is rounded to e4m3).
+TEST(Fp8Validation, ReferenceAppliesDescalesAndEmulationIsClose) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  ProblemConfig c = fp8_config();
+  c.seqlen_q = 33;
+  c.seqlen_k = 70;
+  c.causal = true;
+  Problem pr(c, seed);
+  const detail::Params p = detail::validate(pr.params(), Pass::forward);
+  std::vector<double> ref_out(static_cast<size_t>(2 * 33 * 4 * 128)), ref_lse(static_cast<size_t>(4 * 2 * 33));
+  reference::forward(p, reference::Precision::f64, ref_out.data(), ref_lse.data());
+
+  ProblemConfig c32 = c;
+  c32.dtype = DType::f32;
+  c32.descale = Descale::none;
+  Problem pr32(c32, seed);
+  const std::vector<double> q = pr.q.to_dense(), k = pr.k.to_dense(), v = pr.v.to_dense();
+  const std::vector<double> qd = pr.descale(0).to_dense(), kd = pr.descale(1).to_dense(), vd = pr.descale(2).to_dense();
+  auto scaled = [](const std::vector<double>& x, const std::vector<double>& d, int64_t heads, int64_t rows) {
+    std::vector<double> y(x.size());
+    const int64_t dim = 128, group = heads / 2;
+    for (size_t e = 0; e < x.size(); ++e) {
+      const int64_t h = static_cast<int64_t>(e) / dim % heads, b = static_cast<int64_t>(e) / (dim * heads * rows);
+      y[e] = x[e] * d[static_cast<size_t>(b * 2 + h / group)];  // products of e4m3 and fp32: exact in fp64
+    }
+    return y;
+  };
+  pr32.q.set(scaled(q, qd, 4, 33));
+  pr32.k.set(scaled(k, kd, 2, 70));
+  pr32.v.set(scaled(v, vd, 2, 70));
+  const DenseResults& r32 = pr32.reference(reference::Precision::f64, false);
+  double diff = 0, max_ref = 0;
+  for (size_t i = 0; i < ref_out.size(); ++i) {
+    diff = std::max(diff, std::fabs(ref_out[i] - r32.out[i]));
+    max_ref = std::max(max_ref, std::fabs(ref_out[i]));
+  }
+  EXPECT_GT(max_ref, 0.1);
+  EXPECT_LT(diff, 1e-6 * max_ref) << "reference on e4m3 + descales vs fp32 products (rounded to fp32 there)";
+
+  std::vector<double> emu_out(ref_out.size()), emu_lse(ref_lse.size());
+  fp8_emulated_forward(p, emu_out.data(), emu_lse.data());
+  double emu_err = 0, lse_err = 0;
+  for (size_t i = 0; i < ref_out.size(); ++i) emu_err = std::max(emu_err, std::fabs(emu_out[i] - ref_out[i]));
+  for (size_t i = 0; i < ref_lse.size(); ++i) lse_err = std::max(lse_err, std::fabs(emu_lse[i] - ref_lse[i]));
+  EXPECT_GT(emu_err, 0.0);
+  EXPECT_LT(emu_err, 0.1 * max_ref);  // P in e4m3: a few per cent at most
+  EXPECT_LT(lse_err, 1e-4 * max_abs({&ref_lse}));
+}
 
 TEST(Validation, InvalidPassEnum) {
   Problem pr(base_config(false), 1);

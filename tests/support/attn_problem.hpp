@@ -19,6 +19,10 @@ namespace flashattn::testing {
 
 enum class Alibi { none, per_head, per_batch_head };
 
+// The FP8 forward's q_descale, k_descale, v_descale (e4m3 problems only): not given, one value as a
+// rank-0 tensor, one value as shape [1], or one per (batch, KV head); values uniform in [0.5, 2].
+enum class Descale { none, scalar, per_tensor, per_head };
+
 struct ProblemConfig {
   DType dtype = DType::f32;
   int64_t batch = 1;
@@ -37,6 +41,8 @@ struct ProblemConfig {
   bool with_lse = true;
   int num_threads = 0;
   bool deterministic = false;
+  Descale descale = Descale::none;  // e4m3 only
+  double stddev = 1.0;              // q, k, v ~ N(0, stddev²) before rounding to dtype
   std::string tag;  // optional prefix for the name, e.g. "Large"
 
   // A batched problem of these sizes, every other field at its default.
@@ -54,6 +60,8 @@ struct ProblemConfig {
 
   bool varlen() const { return !lens_q.empty(); }
   int64_t dv() const { return head_dim_v ? head_dim_v : head_dim; }
+  // out's dtype: dtype's, except bf16 for e4m3 inputs (FlashAttention-3's FP8 forward).
+  DType out_dtype() const { return dtype == DType::e4m3 ? DType::bf16 : dtype; }
 
   // A gtest-safe name: letters, digits and underscores only.
   std::string name() const {
@@ -81,6 +89,10 @@ struct ProblemConfig {
     if (alibi == Alibi::per_head) n += "_alibiH";
     if (alibi == Alibi::per_batch_head) n += "_alibiBH";
     if (layout != Layout::contiguous) n += std::string("_") + layout_name(layout);
+    if (descale == Descale::scalar) n += "_descaleScalar";
+    if (descale == Descale::per_tensor) n += "_descaleTensor";
+    if (descale == Descale::per_head) n += "_descaleHead";
+    if (stddev != 1.0) n += "_std" + std::to_string(static_cast<int>(stddev * 100));
     if (!with_lse) n += "_nolse";
     if (num_threads) n += "_t" + std::to_string(num_threads);
     return n;
@@ -117,7 +129,7 @@ class Problem {
       q = HostTensor(dt, {total_q_, H, D}, lay);
       k = HostTensor(dt, {total_k_, Hk, D}, lay);
       v = HostTensor(dt, {total_k_, Hk, Dv}, lay);
-      out = HostTensor(dt, {total_q_, H, Dv}, lay);
+      out = HostTensor(cfg.out_dtype(), {total_q_, H, Dv}, lay);
       lse = HostTensor(DType::f32, {H, total_q_}, lay);
     } else {
       batch_ = cfg.batch;
@@ -126,17 +138,26 @@ class Problem {
       q = HostTensor(dt, {cfg.batch, cfg.seqlen_q, H, D}, lay);
       k = HostTensor(dt, {cfg.batch, cfg.seqlen_k, Hk, D}, lay);
       v = HostTensor(dt, {cfg.batch, cfg.seqlen_k, Hk, Dv}, lay);
-      out = HostTensor(dt, {cfg.batch, cfg.seqlen_q, H, Dv}, lay);
+      out = HostTensor(cfg.out_dtype(), {cfg.batch, cfg.seqlen_q, H, Dv}, lay);
       lse = HostTensor(DType::f32, {cfg.batch, H, cfg.seqlen_q}, lay);
     }
-    dout = HostTensor(dt, out.shape(), lay);
+    dout = HostTensor(cfg.out_dtype(), out.shape(), lay);
     dq = HostTensor(dt, q.shape(), lay);
     dk = HostTensor(dt, k.shape(), lay);
     dv = HostTensor(dt, v.shape(), lay);
-    q.fill_normal(rng_);
-    k.fill_normal(rng_);
-    v.fill_normal(rng_);
+    q.fill_normal(rng_, cfg.stddev);
+    k.fill_normal(rng_, cfg.stddev);
+    v.fill_normal(rng_, cfg.stddev);
     dout.fill_normal(rng_);
+    if (cfg.descale != Descale::none) {
+      std::uniform_real_distribution<double> u(0.5, 2.0);
+      for (HostTensor* d : {&q_descale_, &k_descale_, &v_descale_}) {
+        *d = cfg.descale == Descale::per_head ? HostTensor(DType::f32, {batch_, Hk}) : HostTensor(DType::f32, {1});
+        std::vector<double> x(static_cast<size_t>(d->numel()));
+        for (double& e : x) e = u(rng_);
+        d->set(x);
+      }
+    }
     if (cfg.alibi == Alibi::per_head) {
       // The geometric slopes of Press et al. 2022: 2^(-8 (h + 1) / H).
       alibi_ = HostTensor(DType::f32, {H});
@@ -182,8 +203,19 @@ class Problem {
     a.softcap = cfg_.softcap;
     a.deterministic = cfg_.deterministic;
     a.num_threads = cfg_.num_threads;
+    a.q_descale = descale_view(q_descale_);
+    a.k_descale = descale_view(k_descale_);
+    a.v_descale = descale_view(v_descale_);
     return a;
   }
+
+  // A descale tensor's view as the config asks: rank 0 (one value) for Descale::scalar.
+  TensorView descale_view(HostTensor& d) const {
+    TensorView t = d.view();
+    if (cfg_.descale == Descale::scalar) t.ndim = 0;
+    return t;
+  }
+  HostTensor& descale(int which) { return which == 0 ? q_descale_ : which == 1 ? k_descale_ : v_descale_; }
 
   // The references (forward, and backward when `backward`), computed once and cached.
   const DenseResults& reference(reference::Precision prec, bool backward) {
@@ -219,7 +251,7 @@ class Problem {
   ProblemConfig cfg_;
   std::mt19937_64 rng_;
   int64_t batch_ = 0, total_q_ = 0, total_k_ = 0;
-  HostTensor cu_q_, cu_k_, alibi_;
+  HostTensor cu_q_, cu_k_, alibi_, q_descale_, k_descale_, v_descale_;
   DenseResults ref64_, naive_;
 };
 

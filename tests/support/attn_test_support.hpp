@@ -80,6 +80,7 @@ inline double to_double(DType dtype, const void* base, int64_t offset) {
     case DType::f16: return detail::fp16_to_float(static_cast<const uint16_t*>(base)[offset]);
     case DType::bf16: return detail::bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
     case DType::i32: return static_cast<const int32_t*>(base)[offset];
+    case DType::e4m3: return detail::e4m3_to_float(static_cast<const uint8_t*>(base)[offset]);
   }
   return std::numeric_limits<double>::quiet_NaN();
 }
@@ -90,6 +91,8 @@ inline void from_double(DType dtype, void* base, int64_t offset, double x) {
     case DType::f16: static_cast<uint16_t*>(base)[offset] = detail::float_to_fp16(static_cast<float>(x)); break;
     case DType::bf16: static_cast<uint16_t*>(base)[offset] = detail::float_to_bf16(static_cast<float>(x)); break;
     case DType::i32: static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(x); break;
+    // Round to nearest even, saturating to ±448 (as the quantizers that feed FP8 attention do).
+    case DType::e4m3: static_cast<uint8_t*>(base)[offset] = detail::float_to_e4m3(static_cast<float>(x)); break;
   }
 }
 
@@ -106,6 +109,7 @@ inline void write_poison(DType dtype, void* base, int64_t offset) {
     case DType::f16: static_cast<uint16_t*>(base)[offset] = 0x7e5au; break;
     case DType::bf16: static_cast<uint16_t*>(base)[offset] = 0x7fe5u; break;
     case DType::i32: static_cast<int32_t*>(base)[offset] = 0x5a5a5a5a; break;
+    case DType::e4m3: static_cast<uint8_t*>(base)[offset] = 0x7fu; break;  // e4m3's only positive NaN
   }
 }
 
@@ -262,9 +266,13 @@ inline double floor_rel(DType dtype) {
 // ours, ref64 and naive are the same elements in the same order. Passes iff every element where
 // ref64 is finite has a finite `ours`, −inf in ref64 is −inf in ours, and
 // max|ours − ref64| ≤ 2·max|naive − ref64| + floor_rel(dtype)·max(max|ref64|, magnitude).
-inline ::testing::AssertionResult check_close(const std::string& name, const std::vector<double>& ours,
-                                              const std::vector<double>& ref64, const std::vector<double>& naive,
-                                              DType dtype, double magnitude = 0.0) {
+// The criterion with the floor given as floor_of(max|ref64|), described by floor_text (check_close's
+// floor is floor_rel(dtype)·max(max|ref64|, magnitude); the FP8 forward's is an absolute term).
+template <class FloorOf>
+::testing::AssertionResult check_close_with_floor(const std::string& name, const std::vector<double>& ours,
+                                                  const std::vector<double>& ref64, const std::vector<double>& naive,
+                                                  const std::string& naive_name, FloorOf floor_of,
+                                                  const std::string& floor_text) {
   if (ours.size() != ref64.size() || naive.size() != ref64.size()) {
     return ::testing::AssertionFailure() << name << ": size mismatch (ours " << ours.size() << ", ref "
                                          << ref64.size() << ", naive " << naive.size() << ")";
@@ -295,14 +303,14 @@ inline ::testing::AssertionResult check_close(const std::string& name, const std
     }
     if (std::isfinite(naive[i])) naive_err = std::max(naive_err, std::fabs(naive[i] - r));
   }
-  const double floor = floor_rel(dtype) * std::max(max_ref, magnitude);
+  const double floor = floor_of(max_ref);
   const double allowed = 2.0 * naive_err + floor;
   std::ostringstream msg;
-  msg << name << " (" << dtype_name(dtype) << ", " << ref64.size() << " elements): max|ours - ref| = " << err;
+  msg << name << " (" << naive_name << ", " << ref64.size() << " elements): max|ours - ref| = " << err;
   if (!ref64.empty()) msg << " at index " << worst << " (ours " << ours[worst] << ", ref " << ref64[worst] << ")";
   msg << ", relative to max|ref| = " << max_ref << ": " << (max_ref > 0 ? err / max_ref : 0.0)
-      << "; naive " << dtype_name(dtype) << " error " << naive_err << "; allowed 2*naive + " << floor_rel(dtype)
-      << "*max(max|ref|, magnitude " << magnitude << ") = " << allowed;
+      << "; naive " << naive_name << " error " << naive_err << "; allowed 2*naive + " << floor_text << " = "
+      << allowed;
   if (nonfinite || inf_mismatch) {
     msg << "; " << nonfinite << " NaN/inf where the reference is finite, " << inf_mismatch
         << " not -inf where the reference is -inf (first at index " << first_bad << ", ours " << ours[first_bad]
@@ -311,6 +319,16 @@ inline ::testing::AssertionResult check_close(const std::string& name, const std
   }
   if (err > allowed) return ::testing::AssertionFailure() << msg.str();
   return ::testing::AssertionSuccess() << msg.str();
+}
+
+inline ::testing::AssertionResult check_close(const std::string& name, const std::vector<double>& ours,
+                                              const std::vector<double>& ref64, const std::vector<double>& naive,
+                                              DType dtype, double magnitude = 0.0) {
+  std::ostringstream floor_text;
+  floor_text << floor_rel(dtype) << "*max(max|ref|, magnitude " << magnitude << ")";
+  return check_close_with_floor(
+      name, ours, ref64, naive, dtype_name(dtype),
+      [&](double max_ref) { return floor_rel(dtype) * std::max(max_ref, magnitude); }, floor_text.str());
 }
 
 // Largest |x| over several dense arrays (the `magnitude` of check_close for gradients).
