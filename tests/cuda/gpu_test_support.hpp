@@ -27,6 +27,23 @@
       GTEST_SKIP() << "no CUDA device on this machine (or a CPU-only build): GPU test skipped";    \
   } while (0)
 
+// The FP8 (e4m3) forward is a Hopper kernel (FlashAttention-3): it needs an sm_90 device and a
+// build with sm_90a code (FLASHATTN_TEST_CUDA_SM90, tests/cuda/CMakeLists.txt).
+#ifdef FLASHATTN_TEST_CUDA_SM90
+#define FLASHATTN_REQUIRE_SM90()                                                                   \
+  do {                                                                                             \
+    FLASHATTN_REQUIRE_GPU();                                                                       \
+    const int cc_ = ::flashattn::testing::compute_capability();                                    \
+    if (cc_ != 90) GTEST_SKIP() << "the GPU is sm_" << cc_ << ", not sm_90: FP8 test skipped";     \
+  } while (0)
+#else
+#define FLASHATTN_REQUIRE_SM90()                                                                   \
+  do {                                                                                             \
+    FLASHATTN_REQUIRE_GPU();                                                                       \
+    GTEST_SKIP() << "this build has no sm_90a code (FLASHATTN_CUDA_ARCHS): FP8 test skipped";      \
+  } while (0)
+#endif
+
 #define FLASHATTN_ASSERT_CUDA(expr)                                                                \
   do {                                                                                             \
     const cudaError_t e_ = (expr);                                                                 \
@@ -50,6 +67,14 @@ inline int current_device() {
   int d = 0;
   cudaGetDevice(&d);
   return d;
+}
+
+// The current device's compute capability as major * 10 + minor (90 for an H100 / H200).
+inline int compute_capability() {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, current_device());
+  return major * 10 + minor;
 }
 
 // Whether this build's Hopper kernels should run on the current device: it is sm_90, the build has
@@ -232,6 +257,16 @@ struct GpuProblem {
       cu_k = copy_view(host.cu_seqlens_k);
     }
     if (host.alibi_slopes.defined()) alibi = copy_view(host.alibi_slopes);
+    // Descales (e4m3 problems): copied as [1] or [batch, num_heads_k]; params() keeps the host
+    // view's rank (0 for one value given as a scalar).
+    const TensorView* descales[3] = {&host.q_descale, &host.k_descale, &host.v_descale};
+    for (int i = 0; i < 3; ++i) {
+      if (descales[i]->data == nullptr) continue;
+      TensorView t = *descales[i];
+      if (t.ndim == 0) t.ndim = 1;  // HostTensor of shape [1] behind it
+      descale[i] = copy_view(t);
+      descale_ndim[i] = descales[i]->ndim;
+    }
   }
 
   AttentionParams params() const {
@@ -250,6 +285,12 @@ struct GpuProblem {
       a.cu_seqlens_k = cu_k.view();
     }
     if (alibi.defined()) a.alibi_slopes = alibi.view();
+    TensorView* descales[3] = {&a.q_descale, &a.k_descale, &a.v_descale};
+    for (int i = 0; i < 3; ++i) {
+      if (!descale[i].defined()) continue;
+      *descales[i] = descale[i].view();
+      descales[i]->ndim = descale_ndim[i];
+    }
     return a;
   }
 
@@ -269,6 +310,8 @@ struct GpuProblem {
 
   Problem* problem;
   DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, alibi;
+  DeviceTensor descale[3];  // q_descale, k_descale, v_descale
+  int32_t descale_ndim[3] = {0, 0, 0};
 
  private:
   static DeviceTensor copy_view(const TensorView& t) {

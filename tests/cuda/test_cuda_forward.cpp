@@ -4,7 +4,9 @@
 // bucket, head_dim_v != head_dim, both causal alignments, sliding windows, softcap, ALiBi, GQA/MQA,
 // varlen with empty sequences, strided layouts, fully masked rows. Outputs are poisoned first:
 // every element must be written and nothing outside the views. Plus a case whose element offsets
-// pass 2^31, and a forward captured in a CUDA graph.
+// pass 2^31, and a forward captured in a CUDA graph. CudaForwardFp8: the e4m3 forward (FlashAttention-3
+// Sec. 3.3) against the float64 reference on the decoded inputs times their descales, with
+// FlashAttention-3's own rounding steps (tests/support/fp8_emulation.hpp) as the naive formula.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8_emulation.hpp"
 #include "gpu_test_support.hpp"
 
 namespace flashattn::testing {
@@ -199,6 +202,107 @@ TEST_P(CudaForward, MatchesReferenceAndCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward, ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name(); });
+
+// ------------------------------------------------------------------------------------------------
+// FP8 (e4m3) forward: head_dim 128, batched, sm_90 only. Inputs N(0, 1)·stddev rounded to e4m3
+// (fresh every run), descales uniform in [0.5, 2] per tensor, per (batch, KV head) or not given.
+
+std::vector<GpuCase> fp8_cases() {
+  std::vector<GpuCase> cases;
+  auto add = [&](ProblemConfig c) { cases.push_back({c, GpuLayout::contiguous}); };
+  const DType e4m3 = DType::e4m3;
+  for (Descale ds : {Descale::per_head, Descale::per_tensor, Descale::scalar, Descale::none}) {
+    ProblemConfig c = base(e4m3, 2, 203, 520, 4, 2, 128);  // GQA 4/2, lengths off tile multiples
+    c.descale = ds;
+    add(c);
+  }
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 113}, {113, 203}, {520, 1000}, {1000, 520}, {203, 1}}) {
+    ProblemConfig c = base(e4m3, 1, sq, sk, 4, 2, 128);
+    c.descale = Descale::per_head;
+    add(c);
+    c.causal = true;
+    add(c);
+  }
+  {
+    ProblemConfig c = base(e4m3, 2, 520, 1000, 4, 2, 128);
+    c.descale = Descale::per_head;
+    c.causal = true;
+    c.align = CausalAlign::top_left;
+    add(c);
+    c = base(e4m3, 1, 1000, 1000, 4, 2, 128);
+    c.descale = Descale::per_tensor;
+    c.window_size_left = 100;
+    c.window_size_right = 20;
+    add(c);
+    c = base(e4m3, 1, 203, 520, 4, 2, 128);
+    c.descale = Descale::per_head;
+    c.softcap = 30.0f;
+    add(c);
+    c.causal = true;
+    c.softcap = 5.0f;
+    c.stddev = 3.0;  // larger scores: softcap actually bends them
+    add(c);
+    c = base(e4m3, 2, 113, 203, 4, 2, 128);
+    c.descale = Descale::per_head;
+    c.with_lse = false;
+    add(c);
+    c = base(e4m3, 1, 520, 520, 4, 4, 128);  // no GQA
+    c.descale = Descale::per_head;
+    c.stddev = 0.25;  // small inputs: e4m3's subnormals
+    add(c);
+  }
+  return cases;
+}
+
+// The absolute term of the FP8 criterion. The emulation's error is dominated by P's rounding to
+// e4m3 (up to 2^-4 relative per probability), a few 1e-3 and more on these shapes, so 2x of it is the
+// real bound; 1e-3 only covers tensors where the emulation is nearly exact by luck (rows that see
+// a single key, whose P = 1 rounds exactly), where ours and the emulation may still differ by the
+// float32 rounding of v · v_descale before the final bf16 rounding: at most one bf16 ulp at the
+// output's magnitude in rare double-rounding cases, ~1e-3 relative at |out| ~ 1 (out ~ v ~ N(0, 1)).
+constexpr double kFp8OutFloor = 1e-3;
+// lse: the emulation's is exact to float32 rounding (P's e4m3 rounding does not enter the row sum),
+// so 1e-4 relative to max|lse| covers ours' float32 sums over ~1000 keys in another order.
+constexpr double kFp8LseFloorRel = 1e-4;
+
+class CudaForwardFp8 : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(CudaForwardFp8, MatchesReference) {
+  FLASHATTN_REQUIRE_SM90();
+  const GpuCase& gc = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(gc.cfg, seed);
+  GpuProblem g(pr, gc.layout);
+
+  const Plan pl = plan(g.params(), Pass::forward);
+  ASSERT_TRUE(pl.ok) << pl.reason;
+  std::printf("[   INFO   ] e4m3 forward kernel: %s\n", pl.kernel.c_str());
+  forward(g.params());
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  EXPECT_TRUE(g.out.padding_intact("out"));
+
+  const DenseResults& ref = pr.reference(Precision::f64, false);  // decoded inputs times descales
+  const detail::Params hp = detail::validate(pr.params(), Pass::forward);
+  std::vector<double> emu_out(ref.out.size()), emu_lse(ref.lse.size());
+  fp8_emulated_forward(hp, emu_out.data(), emu_lse.data());
+  EXPECT_TRUE(check_close_with_floor("out", out, ref.out, emu_out, "FlashAttention-3 fp8 emulation",
+                                     [](double) { return kFp8OutFloor; }, "1e-3"));
+  if (gc.cfg.with_lse) {
+    const std::vector<double> lse = g.lse_dense();
+    EXPECT_TRUE(g.lse.all_written("lse"));
+    EXPECT_TRUE(g.lse.padding_intact("lse"));
+    EXPECT_TRUE(check_close_with_floor("lse", lse, ref.lse, emu_lse, "float32 lse of the fp8 emulation",
+                                       [](double max_ref) { return kFp8LseFloorRel * max_ref; }, "1e-4*max|ref|"));
+  } else {
+    g.lse.download();
+    EXPECT_TRUE(g.lse.untouched("lse (not given)"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaForwardFp8, ::testing::ValuesIn(fp8_cases()),
                          [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name(); });
 
 // plan() names the kernel that forward() runs: the Hopper kernel on an sm_90 device when this
