@@ -15,7 +15,9 @@
 extern "C" {
 #endif
 
-enum { FA_DTYPE_F32 = 0, FA_DTYPE_F16 = 1, FA_DTYPE_BF16 = 2, FA_DTYPE_I32 = 3 };
+/* FA_DTYPE_E4M3: OCP float8 e4m3fn (PyTorch's float8_e4m3fn), q, k and v of the FP8 forward only
+ * (see fa_params' descales). */
+enum { FA_DTYPE_F32 = 0, FA_DTYPE_F16 = 1, FA_DTYPE_BF16 = 2, FA_DTYPE_I32 = 3, FA_DTYPE_E4M3 = 4 };
 enum { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 };
 enum { FA_ALIGN_BOTTOM_RIGHT = 0, FA_ALIGN_TOP_LEFT = 1 };
 /* FA_STATUS_CUDA: a CUDA runtime call failed (the message carries CUDA's error name and text). */
@@ -50,6 +52,13 @@ typedef struct fa_params {
   int32_t deterministic;
   int32_t num_threads;      /* CPU: 0 = all */
   void* stream;             /* CUDA: cudaStream_t, NULL = default stream */
+  /* FP8 forward (q, k, v FA_DTYPE_E4M3; FlashAttention-3 Sec. 3.3, its q_descale / k_descale /
+   * v_descale): float32 dequantization factors on q's device, [batch, num_heads_k] (any strides,
+   * 0 broadcasts) or one value per tensor (ndim 0 with data != NULL, or shape [1]); not given
+   * (data NULL, ndim 0) = 1. S = softmax_scale * (q_descale q)(k_descale k)^T, O = P (v_descale v),
+   * out bf16; query head h uses KV head h / (num_heads / num_heads_k). Forward only, batched only,
+   * head_dim = head_dim_v = 128, CUDA (sm_90) only; given with non-e4m3 q: FA_STATUS_INVALID_ARGUMENT. */
+  fa_tensor q_descale, k_descale, v_descale;
 } fa_params;
 
 void fa_params_init(fa_params* params);

@@ -50,6 +50,9 @@ flashattn::AttentionParams to_params(const fa_params& c) {
   p.deterministic = c.deterministic != 0;
   p.num_threads = c.num_threads;
   p.stream = c.stream;
+  p.q_descale = to_view(c.q_descale);
+  p.k_descale = to_view(c.k_descale);
+  p.v_descale = to_view(c.v_descale);
   return p;
 }
 
@@ -62,24 +65,29 @@ void check_enums(const fa_params& c, flashattn::Pass pass) {
     const char* name;
     const fa_tensor* tensor;
     bool backward_only;
+    bool may_be_scalar;  // ndim 0 with data is one value (the descales), not "not given"
   };
-  const Named tensors[] = {{"q", &c.q, false},
-                           {"k", &c.k, false},
-                           {"v", &c.v, false},
-                           {"out", &c.out, false},
-                           {"lse", &c.lse, false},
-                           {"dout", &c.dout, true},
-                           {"dq", &c.dq, true},
-                           {"dk", &c.dk, true},
-                           {"dv", &c.dv, true},
-                           {"cu_seqlens_q", &c.cu_seqlens_q, false},
-                           {"cu_seqlens_k", &c.cu_seqlens_k, false},
-                           {"alibi_slopes", &c.alibi_slopes, false}};
+  const Named tensors[] = {{"q", &c.q, false, false},
+                           {"k", &c.k, false, false},
+                           {"v", &c.v, false, false},
+                           {"out", &c.out, false, false},
+                           {"lse", &c.lse, false, false},
+                           {"dout", &c.dout, true, false},
+                           {"dq", &c.dq, true, false},
+                           {"dk", &c.dk, true, false},
+                           {"dv", &c.dv, true, false},
+                           {"cu_seqlens_q", &c.cu_seqlens_q, false, false},
+                           {"cu_seqlens_k", &c.cu_seqlens_k, false, false},
+                           {"alibi_slopes", &c.alibi_slopes, false, false},
+                           {"q_descale", &c.q_descale, false, true},
+                           {"k_descale", &c.k_descale, false, true},
+                           {"v_descale", &c.v_descale, false, true}};
   for (const Named& n : tensors) {
     const fa_tensor& t = *n.tensor;
-    if (t.ndim == 0 || (n.backward_only && pass != flashattn::Pass::backward)) continue;
-    if (t.dtype < FA_DTYPE_F32 || t.dtype > FA_DTYPE_I32)
-      throw flashattn::Error(std::string(n.name) + ": expected dtype code 0..3, got " + std::to_string(t.dtype));
+    const bool given = t.ndim != 0 || (n.may_be_scalar && t.data != nullptr);
+    if (!given || (n.backward_only && pass != flashattn::Pass::backward)) continue;
+    if (t.dtype < FA_DTYPE_F32 || t.dtype > FA_DTYPE_E4M3)
+      throw flashattn::Error(std::string(n.name) + ": expected dtype code 0..4, got " + std::to_string(t.dtype));
     if (t.device != FA_DEVICE_CPU && t.device != FA_DEVICE_CUDA)
       throw flashattn::Error(std::string(n.name) + ": expected device code 0 (cpu) or 1 (cuda), got " +
                              std::to_string(t.device));
