@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 # Codes from flashattn.h; keep in sync (checked indirectly: a wrong code fails validation).
-DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I32 = 0, 1, 2, 3
+DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I32, DTYPE_E4M3 = 0, 1, 2, 3, 4
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 ALIGN_BOTTOM_RIGHT, ALIGN_TOP_LEFT = 0, 1
 STATUS_OK = 0
@@ -75,6 +75,9 @@ class FaParams(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("q_descale", FaTensor),
+        ("k_descale", FaTensor),
+        ("v_descale", FaTensor),
     ]
 
 

@@ -11,6 +11,8 @@ Layouts are the library's (see include/flashattn/flashattn.hpp):
           out [batch, seqlen_q, num_heads, head_dim_v], lse float32 [batch, num_heads, seqlen_q]
   varlen  q [total_q, num_heads, head_dim], ..., cu_seqlens_q/k int32 [batch + 1],
           lse float32 [num_heads, total_q]
+FP8 forward (FlashAttention-3, Sec. 3.3): q, k, v torch.float8_e4m3fn with optional float32
+q_descale / k_descale / v_descale ([batch, num_heads_k] or one element); out is bfloat16; forward only.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _DTYPE_CODES = {
     torch.bfloat16: _capi.DTYPE_BF16,
     torch.int32: _capi.DTYPE_I32,
 }
+_E4M3 = getattr(torch, "float8_e4m3fn", None)  # PyTorch >= 2.1
+if _E4M3 is not None:
+    _DTYPE_CODES[_E4M3] = _capi.DTYPE_E4M3
 _ALIGN_CODES = {"bottom_right": _capi.ALIGN_BOTTOM_RIGHT, "top_left": _capi.ALIGN_TOP_LEFT}
 
 
@@ -54,9 +59,11 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
 
 
 _I64x4 = ctypes.c_int64 * 4
-# Arguments whose dtype is fixed (the others take q's: fp32, fp16 or bf16, the library's names,
-# which its own messages use too, e.g. for an int32 q).
-_EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32"}
+# Arguments whose dtype is fixed (the others take q's: fp32, fp16, bf16 or e4m3, the library's
+# names, which its own messages use too, e.g. for an int32 q).
+_EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32",
+                    "q_descale": "float32", "k_descale": "float32", "v_descale": "float32"}
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 
 def _tensor(t: Tensor, name: str) -> Tuple[int, ...]:
@@ -64,7 +71,7 @@ def _tensor(t: Tensor, name: str) -> Tuple[int, ...]:
     times per attention call, so it reads each property once (fixed dtypes: _fixed_dtype)."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
-        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16 or bf16")
+        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16, bf16 or e4m3 (float8_e4m3fn)")
         raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
     shape = t.shape
     ndim = len(shape)
@@ -153,13 +160,38 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.resolve_neg().contiguous()
 
 
+def _descale(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A descale as the library takes it: one element of any shape becomes rank 0 (per tensor),
+    anything else ([batch, num_heads_k], any strides) is passed as it is."""
+    if t is None:
+        return None
+    t = t.resolve_neg()
+    return t.reshape(()) if t.numel() == 1 else t
+
+
+def is_fp8(t: Tensor) -> bool:
+    return _E4M3 is not None and t.dtype == _E4M3
+
+
+def out_dtype(q: Tensor) -> torch.dtype:
+    """out's dtype for inputs like q: q's, except bfloat16 for float8_e4m3fn (FlashAttention-3's FP8 forward)."""
+    return torch.bfloat16 if is_fp8(q) else q.dtype
+
+
+NO_FP8_BACKWARD = ("flashattn: e4m3 (torch.float8_e4m3fn) inputs have a forward pass only (FlashAttention-3's FP8 "
+                   "attention): no gradient flows to q, k, v; run the backward in bfloat16 or float16, or detach the "
+                   "FP8 inputs")
+
+
 def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
             dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
             cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
-            float_opts: List[float]) -> Tuple[list, tuple]:
+            float_opts: List[float], descales: Tuple[Optional[Tensor], ...] = (None, None, None)
+            ) -> Tuple[list, tuple]:
     """The flat PARAMS_STRUCT values of one fa_forward / fa_backward call on these tensors and options
     (the options as pack_options() makes them), stream left 0, and the small tensors it reads (the
-    dense copies of cu_seqlens and alibi_slopes, to be kept alive until the call returns)."""
+    dense copies of cu_seqlens and alibi_slopes, then the descales, to be kept alive until the call
+    returns)."""
     if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
         raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
                              f"got {len(int_opts)} and {len(float_opts)}")
@@ -173,7 +205,8 @@ def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Opt
         softcap = math.copysign(math.inf, softcap)
     # The library reads these as dense arrays; q, k, v may be strided, these small ones are copied
     # when they are not (e.g. a slice of a larger slopes table).
-    kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes))
+    kept = (_contiguous(cu_seqlens_q), _contiguous(cu_seqlens_k), _contiguous(alibi_slopes),
+            *(_descale(t) for t in descales))
     # Follow torch's intra-op thread setting on CPU rather than the library's "all cores" default.
     num_threads = 0 if q.is_cuda else torch.get_num_threads()
     none = _capi.NO_TENSOR
@@ -183,7 +216,8 @@ def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Opt
         *(none if dk is None else _tensor(dk, "dk")), *(none if dv is None else _tensor(dv, "dv")),
         *_fixed_dtype(kept[0], "cu_seqlens_q"), *_fixed_dtype(kept[1], "cu_seqlens_k"), max_seqlen_q,
         max_seqlen_k, softmax_scale, causal, causal_align, window_left, window_right, softcap,
-        *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, 0]
+        *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, 0,
+        *_fixed_dtype(kept[3], "q_descale"), *_fixed_dtype(kept[4], "k_descale"), *_fixed_dtype(kept[5], "v_descale")]
     return values, kept
 
 
@@ -210,7 +244,7 @@ def _run(backward_pass: bool, q: Tensor, values: list) -> None:
 
 # Positions in _values()' list: fa_tensor fields take 13 values each, data pointer first, in
 # FaParams' order (q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k), then the
-# scalars, alibi_slopes, deterministic, num_threads, stream.
+# scalars, alibi_slopes, deterministic, num_threads, stream, q_descale, k_descale, v_descale.
 _T = 13
 # Offsets inside an fa_tensor's values (data, dtype, device, device_index, ndim, shape[4], stride[4]).
 _NDIM, _STRIDE = 4, 9
@@ -219,8 +253,10 @@ _DATA = {name: i * _T for i, name in enumerate(("q", "k", "v", "out", "lse", "do
 _DATA["alibi_slopes"] = 11 * _T + 8
 _NUM_THREADS = 12 * _T + 8 + 1
 _STREAM = _NUM_THREADS + 1
+for _i, _name in enumerate(DESCALE_NAMES):
+    _DATA[_name] = _STREAM + 1 + _i * _T
 _INT_OPTS = [11 * _T + i for i in (0, 1, 3, 4, 5, 6)] + [12 * _T + 8]
-assert _STREAM + 1 == len(_capi.PARAMS_STRUCT.unpack(bytes(_capi.PARAMS_STRUCT.size)))
+assert _STREAM + 1 + 3 * _T == len(_capi.PARAMS_STRUCT.unpack(bytes(_capi.PARAMS_STRUCT.size)))
 
 
 def _call(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
@@ -258,7 +294,8 @@ def _lse_shape(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> Tuple[int, ...]:
 
 def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
-             want_template: bool) -> Tuple[Tensor, Tensor, Optional[Tuple[list, tuple]]]:
+             want_template: bool, descales: Tuple[Optional[Tensor], ...] = (None, None, None)
+             ) -> Tuple[Tensor, Tensor, Optional[Tuple[list, tuple]]]:
     """_fwd_impl, plus (want_template) the backward's PARAMS_STRUCT values for these inputs when
     they are the tensors the forward read (no copies made): data pointers and stream left to fill,
     dout, dq, dk, dv described as contiguous tensors of out's, q's, k's, v's shapes, paired with the
@@ -267,13 +304,13 @@ def _fwd_run(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     if v.dim() < 1:
         raise FlashAttnError(f"v: expected rank 4 (or 3 when varlen), got shape {tuple(v.shape)}")
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     values, kept = _values(q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                           int_opts, float_opts)
+                           int_opts, float_opts, descales)
     _run(False, q, values)
     template = None
-    if (want_template and q is q_in and k is k_in and v is v_in and kept[0] is cu_seqlens_q
+    if (want_template and not is_fp8(q) and q is q_in and k is k_in and v is v_in and kept[0] is cu_seqlens_q
             and kept[1] is cu_seqlens_k and kept[2] is alibi_slopes):
         # What the values describe, in ctx.saved_tensors' order: the backward must find the same
         # layouts there (saved-tensor hooks may hand back copies with other strides, dtypes or
@@ -303,12 +340,15 @@ def _contiguous_strides(ndim: int, s0: int, s1: int, s2: int, s3: int) -> Tuple[
 
 
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
+              q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+              v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Attention forward (FA-2 Alg. 1). Returns (out, lse); layouts in the module docstring, options
     as pack_options() makes them. deterministic only matters to the backward and is carried here
-    so that autograd can hand it on.
+    so that autograd can hand it on. The descales are the FP8 forward's (float8_e4m3fn q, k, v).
     """
-    out, lse, _ = _fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, False)
+    out, lse, _ = _fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, False,
+                           (q_descale, k_descale, v_descale))
     return out, lse
 
 
@@ -324,10 +364,12 @@ def _check_same_device(q: Tensor, named: dict) -> None:
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, q_descale=None,
+              k_descale=None, v_descale=None):
     _check_same_device(q, {"k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
-                           "alibi_slopes": alibi_slopes})
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+                           "alibi_slopes": alibi_slopes, "q_descale": q_descale, "k_descale": k_descale,
+                           "v_descale": v_descale})
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
     return out, lse
 
@@ -416,8 +458,9 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts = inputs[:8]  # then the descales
     out, lse = output
+    ctx.fp8 = is_fp8(q)
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.opts = (int_opts, float_opts)
     # An output that does not reach the loss gets None rather than zeros, so that the common case
@@ -425,14 +468,19 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+_NO_GRADS = (None,) * 8  # of fwd's inputs after q, k, v (cu_seqlens, alibi_slopes, options, descales)
+
+
 def _input_grads(backward_fn, ctx, dout, dlse):
-    """The gradients of fwd's eight inputs from those of (out, lse), through backward_fn (the bwd
+    """The gradients of fwd's eleven inputs from those of (out, lse), through backward_fn (the bwd
     op, or _bwd_impl on the eager path)."""
     if dout is None and dlse is None:
-        return None, None, None, None, None, None, None, None
+        return (None, None, None, *_NO_GRADS)
+    if ctx.fp8:
+        raise NotImplementedError(NO_FP8_BACKWARD)
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = backward_fn(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *ctx.opts, dlse)
-    return dq, dk, dv, None, None, None, None, None
+    return (dq, dk, dv, *_NO_GRADS)
 
 
 def _fwd_backward(ctx, dout, dlse):
@@ -454,9 +502,10 @@ class _EagerAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts):
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, q_descale=None,
+                k_descale=None, v_descale=None):
         out, lse, ctx.bwd_template = _fwd_run(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
-                                              float_opts, True)
+                                              float_opts, True, (q_descale, k_descale, v_descale))
         _fwd_setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts),
                            (out, lse))
         return out, lse
@@ -468,6 +517,8 @@ class _EagerAttention(torch.autograd.Function):
         # (once_differentiable only catches it when the incoming gradient requires grad).
         if torch.is_grad_enabled() and any(ctx.needs_input_grad[:3]):
             raise NotImplementedError(_NO_DOUBLE_BACKWARD)
+        if ctx.fp8 and (dout is not None or dlse is not None):
+            raise NotImplementedError(NO_FP8_BACKWARD)
         if ctx.bwd_template is not None and dlse is None and dout is not None:
             grads = _bwd_fast(ctx, dout)
             if grads is not None:
@@ -501,7 +552,7 @@ def _bwd_fast(ctx, dout: Tensor):
     if not q.is_cuda:
         values[_NUM_THREADS] = torch.get_num_threads()
     _run(True, q, values)
-    return dq, dk, dv, None, None, None, None, None
+    return (dq, dk, dv, *_NO_GRADS)
 
 
 _NO_DOUBLE_BACKWARD = ("flashattn: double backward is not supported (create_graph=True reached the attention "
@@ -521,19 +572,23 @@ def use_eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor]:
+              alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
+              q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+              v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
+    descales = (q_descale, k_descale, v_descale)
     if use_eager(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             # Nothing to differentiate (inference, evaluation): no autograd node to build.
-            return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
-        return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+            return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
+        return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts,
+                                     *descales)
     if not torch.compiler.is_compiling() and any(
             isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v)):
         # The registered op has no forward-mode formula, and torch drops the tangent silently.
         raise NotImplementedError("flashattn: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
                                   "supported; q, k or v carries a tangent")
-    return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
+    return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
 
 
 _fwd_op = torch.ops.flashattn.fwd.default  # the OpOverload: calling it skips the packet's overload lookup

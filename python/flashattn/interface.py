@@ -15,6 +15,15 @@ Masks: query i sees key j when i + offset - window_size[0] <= j <= i + offset + 
 seqlen_q for causal_align="bottom_right" (flash-attn >= 2.1, the default) and offset = 0 for
 "top_left" (PyTorch's is_causal). A query row that sees no key gets out = 0 and lse = -inf.
 
+FP8 forward (FlashAttention-3, Shah et al. 2024, Sec. 3.3; flash_attn_func only): q, k, v in
+torch.float8_e4m3fn on CUDA (sm_90), head_dim 128, with FlashAttention-3's q_descale, k_descale,
+v_descale (float32 dequantization factors, (batch, num_heads_k) or one element; None = 1):
+
+    S   = softmax_scale * (q_descale q)(k_descale k)^T   (then softcap, masks as above)
+    out = softmax(S) (v_descale v)                       bfloat16
+
+Forward only: a gradient reaching such a call raises NotImplementedError.
+
 Differences from flash-attn, all loud: dropout_p > 0 and return_attn_probs=True raise ValueError
 (not implemented); float32 inputs are accepted besides float16/bfloat16; the lse is returned with
 return_lse=True and is differentiable too (d lse_i / d S_ij = P_ij; a gradient reaching lse costs one
@@ -85,11 +94,14 @@ def _check_tensors(**tensors) -> None:
     """Tensor arguments must be torch.Tensor (alibi_slopes may be None): anything else would fail
     deep inside with an AttributeError that names no argument."""
     for name, t in tensors.items():
-        if not isinstance(t, Tensor) and not (t is None and name == "alibi_slopes"):
+        if not isinstance(t, Tensor) and not (t is None and name in _OPTIONAL_TENSORS):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         # A sparse or mkldnn tensor has no strides to describe it: torch's own error named nothing.
         if t is not None and t.layout != torch.strided:
             raise ValueError(f"{name}: expected a dense (strided) tensor, got layout {str(t.layout).removeprefix('torch.')}")
+
+
+_OPTIONAL_TENSORS = ("alibi_slopes", "q_descale", "k_descale", "v_descale")
 
 
 def _check_alibi_slopes(alibi_slopes: Optional[Tensor]) -> None:
@@ -103,11 +115,14 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, return_lse: bool = False,
-                    causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                    causal_align: str = "bottom_right", q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None,
+                    v_descale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Exact attention over a padded batch (flash-attn's flash_attn_func).
 
     Args:
-        q: [batch, seqlen_q, num_heads, head_dim], float16, bfloat16 or float32, CPU or CUDA.
+        q: [batch, seqlen_q, num_heads, head_dim], float16, bfloat16 or float32, CPU or CUDA; or
+            float8_e4m3fn on CUDA (sm_90) with head_dim 128 (the FP8 forward, see q_descale).
         k: [batch, seqlen_k, num_heads_k, head_dim], same dtype and device as q. num_heads must be a
             multiple of num_heads_k (GQA/MQA: query head h reads KV head h // (num_heads // num_heads_k)).
         v: [batch, seqlen_k, num_heads_k, head_dim_v]. head_dim and head_dim_v in 1..256.
@@ -127,9 +142,15 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
         causal_align: "bottom_right" (flash-attn >= 2.1; the last query sees the last key) or
             "top_left" (PyTorch's is_causal; query i sees keys <= i). It places the diagonal for
             window_size and alibi_slopes too, with or without causal. Keyword-only extension.
+        q_descale, k_descale, v_descale: FlashAttention-3's FP8 dequantization factors (Sec. 3.3),
+            float8_e4m3fn inputs only: float32 tensors on q's device of shape (batch, num_heads_k)
+            (any strides; query head h uses KV head h // (num_heads // num_heads_k)) or of one
+            element (per tensor); None = 1. S = softmax_scale * (q_descale q)(k_descale k)^T,
+            out = softmax(S) (v_descale v). Keyword-only.
 
     Returns:
-        out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype; with return_lse=True the pair
+        out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype (bfloat16 for float8_e4m3fn
+        inputs, as FlashAttention-3); with return_lse=True the pair
         (out, lse) where lse is float32 [batch, num_heads, seqlen_q] (natural log; -inf for rows
         that see no key). Differentiable in q, k and v through out and lse (a gradient reaching lse
         costs one more backward pass); not in alibi_slopes.
@@ -141,14 +162,19 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
             alibi_slopes that require grad (while grad mode is on), or a max_seqlen / window_size
             outside the int64 range.
         FlashAttnError (a ValueError): when the library rejects the call; the message names the
-            argument, what was expected and what came (e.g. a dtype, shape or device mismatch).
+            argument, what was expected and what came (e.g. a dtype, shape or device mismatch;
+            float8_e4m3fn on the CPU, with head_dim != 128 or with k / v of another dtype; descales
+            with other inputs, not float32, of another shape or device).
+        NotImplementedError: when a gradient reaches a float8_e4m3fn call (forward only).
     """
     scale, left, right = _check_common(dropout_p, softmax_scale, window_size, softcap, return_attn_probs,
                                        causal_align)
-    _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
+    _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+                   v_descale=v_descale)
     _check_alibi_slopes(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
-    out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts)
+    out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts, q_descale, k_descale,
+                              v_descale)
     return (out, lse) if return_lse else out
 
 
