@@ -43,13 +43,66 @@ def test_forward_ignores_backward_tensors(field, bad):
         _capi.plan(p, backward_pass=True)
 
 
-@pytest.mark.parametrize("field", ["q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes"])
+@pytest.mark.parametrize("field", ["q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes",
+                                   "q_descale", "k_descale", "v_descale"])
 def test_forward_checks_its_tensors(field):
     p, tensors = forward_params()
     setattr(p, field, garbage_tensor(dtype=55))
-    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..3, got 55"):
+    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..4, got 55"):
         _capi.forward(p)
-    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..3, got 55"):
+    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..4, got 55"):
+        _capi.plan(p, backward_pass=False)
+
+
+@pytest.mark.parametrize("field", ["q_descale", "k_descale", "v_descale"])
+def test_a_rank_0_descale_with_data_is_given(field):
+    # ndim 0 with a data pointer is one value (per-tensor descale), so its codes are checked too.
+    p, tensors = forward_params()
+    t = garbage_tensor(dtype=55)
+    t.ndim = 0
+    setattr(p, field, t)
+    with pytest.raises(FlashAttnError, match=f"{field}: expected dtype code 0..4, got 55"):
+        _capi.plan(p, backward_pass=False)
+
+
+def fp8_params(descale_shape=(1, 2)):
+    """An e4m3 call on the CPU (validated, then refused by the CPU backend) with float32 descales."""
+    e4m3 = torch.float8_e4m3fn
+    q, k, v = (torch.randn(1, 8, 2, 128).to(e4m3) for _ in range(3))
+    out, lse = torch.full((1, 8, 2, 128), float("nan"), dtype=torch.bfloat16), torch.full((1, 2, 8), float("nan"))
+    descales = [torch.rand(descale_shape) + 0.5 for _ in range(3)]
+    p = _capi.new_params()
+    p.q, p.k, p.v = _ops._view(q, "q"), _ops._view(k, "k"), _ops._view(v, "v")
+    p.out, p.lse = _ops._view(out, "out"), _ops._view(lse, "lse")
+    p.q_descale, p.k_descale, p.v_descale = (_ops._view(d, n) for d, n in zip(descales, _ops.DESCALE_NAMES))
+    return p, (q, k, v, out, lse, *descales)
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1,), ()], ids=["per_head", "shape1", "rank0"])
+def test_the_c_api_passes_e4m3_and_descales_on(shape):
+    # Accepted by validation: the refusal is the CPU backend's, which comes last.
+    p, tensors = fp8_params(shape)
+    assert _capi.DTYPE_E4M3 == 4
+    with pytest.raises(FlashAttnError, match="q: expected a CUDA tensor for e4m3"):
+        _capi.plan(p, backward_pass=False)
+    with pytest.raises(FlashAttnError, match="q: expected a CUDA tensor for e4m3"):
+        _capi.forward(p)
+    assert tensors[3].isnan().all() and tensors[4].isnan().all()  # nothing written
+
+
+def test_the_c_api_checks_descale_shapes_and_dtypes():
+    p, tensors = fp8_params((1, 3))
+    with pytest.raises(FlashAttnError, match=r"q_descale: expected shape\[1\] \(num_heads_k\) = 2 \(from k\), got 3"):
+        _capi.plan(p, backward_pass=False)
+    p, tensors = fp8_params()
+    p.k_descale = _ops._view(torch.ones(1, 2, dtype=torch.float16), "k")
+    with pytest.raises(FlashAttnError, match=r"k_descale: expected dtype fp32 \(float32 dequantization factors\), "
+                                             "got fp16"):
+        _capi.plan(p, backward_pass=False)
+    p, tensors = forward_params()  # fp32 inputs
+    d = torch.ones(())
+    p.v_descale = _ops._view(d, "v_descale")
+    with pytest.raises(FlashAttnError, match="v_descale: expected none .*got a tensor with q in fp32"):
         _capi.plan(p, backward_pass=False)
 
 

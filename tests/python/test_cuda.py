@@ -93,3 +93,57 @@ def test_other_device_index_uses_that_device():
     out = flash_attn_func(q, k, v, causal=True)
     assert out.device == q.device
     torch.testing.assert_close(out.float(), sdpa(q, k, v, True), rtol=2e-2, atol=2e-2)
+
+
+def _is_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8_e4m3fn")
+@pytest.mark.parametrize("descale", ["per_head", "per_tensor", "none"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_forward_matches_float64_on_the_dequantized_inputs(descale, causal):
+    # FlashAttention-3's FP8 forward (Sec. 3.3): P is rounded to e4m3 inside, so the bound is loose;
+    # the C++ suite CudaForwardFp8 holds it to the project's criterion against FA-3's own rounding.
+    if not _is_sm90():
+        pytest.skip(f"the GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}, not sm_90: "
+                    "FP8 test skipped")
+    b, sq, sk, h, hk, d = 2, 203, 520, 4, 2, 128
+    q, k, v = ((torch.randn(b, s, n, d, device="cuda")).to(torch.float8_e4m3fn) for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    if descale == "per_head":
+        ds = [torch.rand(b, hk, device="cuda") * 1.5 + 0.5 for _ in range(3)]
+    elif descale == "per_tensor":
+        ds = [torch.rand(1, device="cuda") * 1.5 + 0.5 for _ in range(3)]
+    else:
+        ds = [None] * 3
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, q_descale=ds[0], k_descale=ds[1],
+                               v_descale=ds[2])
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+
+    def dequant(x, dsc):
+        # [batch, num_heads_k] factors; head h of x uses KV head h // (heads // num_heads_k).
+        scale = torch.ones(b, hk, dtype=torch.float64, device="cuda") if dsc is None else dsc.double().expand(b, hk)
+        return x.double() * scale.repeat_interleave(x.shape[2] // hk, dim=1)[:, None, :, None]
+
+    qd, kd, vd = dequant(q, ds[0]), dequant(k, ds[1]), dequant(v, ds[2])
+    kd, vd = kd.repeat_interleave(h // hk, dim=2), vd.repeat_interleave(h // hk, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qd, kd) / d ** 0.5
+    if causal:
+        i = torch.arange(sq, device="cuda")[:, None]
+        j = torch.arange(sk, device="cuda")[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    ref_lse = torch.logsumexp(s, dim=-1)
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), vd)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=0.05 * ref.abs().max().item())
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8_e4m3fn")
+def test_fp8_backward_raises():
+    if not _is_sm90():
+        pytest.skip("not an sm_90 GPU: FP8 test skipped")
+    q, k, v = (torch.randn(1, 64, 2, 128, device="cuda").to(torch.float8_e4m3fn).requires_grad_() for _ in range(3))
+    out = flash_attn_func(q, k, v)
+    with pytest.raises(NotImplementedError, match="forward pass only"):
+        out.float().sum().backward()

@@ -327,7 +327,7 @@ def test_sparse_tensors_name_the_argument():
 
 
 def test_integer_q_gets_the_library_dtype_names():
-    with pytest.raises(ValueError, match="q: expected dtype fp32, fp16 or bf16, got int64"):
+    with pytest.raises(ValueError, match=r"q: expected dtype fp32, fp16, bf16 or e4m3 \(float8_e4m3fn\), got int64"):
         flash_attn_func(*(torch.ones(1, 3, 2, 8, dtype=torch.int64),) * 3)
 
 
@@ -339,3 +339,103 @@ def test_direct_bwd_call_with_a_rank_0_lse_names_it():
     with pytest.raises(FlashAttnError, match="lse: expected rank 3"):
         torch.ops.flashattn.bwd(None, q, q, q, q, torch.tensor(0.0), None, None, None, int_opts, float_opts,
                                 torch.tensor(0.0))
+
+
+# ------------------------------------------------------------------------------------------------
+# The FP8 (float8_e4m3fn) forward's arguments, checked on the CPU (the CPU backend refuses e4m3
+# itself, after validation; the CUDA runs are in test_cuda.py).
+
+E4M3 = getattr(torch, "float8_e4m3fn", None)
+needs_fp8 = pytest.mark.skipif(E4M3 is None, reason="this PyTorch has no float8_e4m3fn")
+
+
+def fp8_qkv(b=2, s=8, h=4, hk=2, d=128, device="cpu"):
+    return tuple((torch.randn(b, s, n, d, device=device) * 2).to(E4M3) for n in (h, hk, hk))
+
+
+def descales(b=2, hk=2, **kw):
+    return {name: torch.rand(b, hk, **kw) + 0.5 for name in ("q_descale", "k_descale", "v_descale")}
+
+
+@needs_fp8
+@pytest.mark.parametrize("kwargs", [{}, "per_head", "per_tensor", "rank0"])
+def test_fp8_on_the_cpu_says_it_needs_cuda(kwargs):
+    extra = {"per_head": descales(), "per_tensor": {"q_descale": torch.tensor([1.5])},
+             "rank0": {"v_descale": torch.tensor(0.75)}}.get(kwargs, {}) if isinstance(kwargs, str) else kwargs
+    with pytest.raises(FlashAttnError, match=r"q: expected a CUDA tensor for e4m3 \(the FP8 forward runs only on "
+                                             r"the CUDA backend, sm_90\), got a CPU tensor"):
+        flash_attn_func(*fp8_qkv(), causal=True, **extra)
+
+
+@needs_fp8
+@pytest.mark.parametrize("make, match", [
+    (lambda: (fp8_qkv()[0], *qkv(2, 8, 2, 2, 128, torch.float16)[1:]), r"k: expected dtype e4m3 \(same as q\), got fp16"),
+    (lambda: fp8_qkv(d=64), r"q: expected shape\[3\] \(head_dim\) = 128 with e4m3 inputs"),
+    (lambda: (*fp8_qkv()[:2], fp8_qkv(d=64)[2]), r"v: expected shape\[3\] \(head_dim_v\) = 128 with e4m3"),
+], ids=["k_fp16", "head_dim_64", "head_dim_v_64"])
+def test_fp8_bad_inputs(make, match):
+    with pytest.raises(FlashAttnError, match=match):
+        flash_attn_func(*make())
+
+
+@needs_fp8
+@pytest.mark.parametrize("name, value, match", [
+    ("q_descale", torch.ones(2, 2, dtype=torch.float16), "q_descale: expected dtype float32, got float16"),
+    ("k_descale", torch.ones(2, 2, dtype=torch.float64), "k_descale: expected dtype float32, got float64"),
+    ("v_descale", torch.ones(3, 2), r"v_descale: expected shape\[0\] \(batch\) = 2 \(from q\), got 3"),
+    ("q_descale", torch.ones(2, 4), r"q_descale: expected shape\[1\] \(num_heads_k\) = 2 \(from k\), got 4"),
+    ("k_descale", torch.ones(3), r"k_descale: expected one value \(rank 0, or shape \[1\]\) or shape "
+                                 r"\[batch, num_heads_k\] = \[2, 2\], got shape \[3\]"),
+    ("v_descale", torch.ones(2, 2, 1), r"v_descale: expected one value .* got shape \[2, 2, 1\]"),
+    ("q_descale", torch.ones(2, 2, device="meta"), "q_descale: expected a cpu or cuda tensor, got device meta"),
+    ("k_descale", 2.0, "k_descale: expected a torch.Tensor, got float"),
+], ids=["fp16", "fp64", "batch", "heads", "shape3", "rank3", "meta_device", "python_float"])
+def test_fp8_bad_descales(name, value, match):
+    with pytest.raises(ValueError, match=match):
+        flash_attn_func(*fp8_qkv(), **{name: value})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_descales_need_e4m3_inputs(dtype):
+    for name, value in (("q_descale", torch.ones(2, 2)), ("v_descale", torch.tensor(2.0))):
+        with pytest.raises(FlashAttnError, match=f"{name}: expected none \\(descales apply to e4m3 inputs only, "
+                                                 f"FlashAttention-3's FP8 forward\\), got a tensor with q in "):
+            flash_attn_func(*qkv(2, 8, 4, 2, 16, dtype), **{name: value})
+
+
+@needs_fp8
+def test_fp8_varlen_is_refused():
+    q, k, v = (t.reshape(16, t.shape[2], 128) for t in fp8_qkv())
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    with pytest.raises(FlashAttnError, match=r"cu_seqlens_q: expected none with q in e4m3 \(the FP8 forward runs "
+                                             r"batched only for now, no varlen\)"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 11, 11)
+
+
+@needs_fp8
+def test_fp8_backward_is_refused_by_the_library():
+    from flashattn._ops import pack_options
+
+    q, k, v = fp8_qkv()
+    out = torch.zeros(2, 8, 4, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(2, 4, 8)
+    int_opts, float_opts = pack_options(0, 0, 0.0, False, "bottom_right", -1, -1, 0.0, False)
+    with pytest.raises(FlashAttnError, match=r"q: expected dtype fp32, fp16 or bf16 in the backward \(e4m3 inputs "
+                                             r"have a forward pass only"):
+        torch.ops.flashattn.bwd(torch.ones_like(out), q, k, v, out, lse, None, None, None, int_opts, float_opts)
+
+
+@needs_fp8
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_fp8_fake_gives_bf16_out_and_autograd_refuses_the_backward(return_lse):
+    # 'meta' inputs take the registered op's fake implementation (no library call): out is
+    # bfloat16, lse float32, and a gradient reaching the call raises instead of being wrong.
+    q, k, v = (t.to("meta").requires_grad_() for t in fp8_qkv())
+    d = {name: t.to("meta") for name, t in descales().items()}
+    res = flash_attn_func(q, k, v, causal=True, return_lse=return_lse, **d)
+    out = res[0] if return_lse else res
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 8, 4, 128) and out.device.type == "meta"
+    if return_lse:
+        assert res[1].dtype == torch.float32 and res[1].shape == (2, 4, 8)
+    with pytest.raises(NotImplementedError, match="e4m3 \\(torch.float8_e4m3fn\\) inputs have a forward pass only"):
+        (res[1] if return_lse else out).float().sum().backward()
