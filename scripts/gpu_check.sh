@@ -80,9 +80,11 @@ if [ "$mode" = build ]; then
   fi
   CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)
   if [ -x "$CUOBJDUMP" ]; then
-    for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o; do
+    # QGMMA: the FP8 (e4m3) wgmma.
+    for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/fwd_sm90_fp8.cu.o; do
+      [ -f "$o" ] || continue
       sass=$("$CUOBJDUMP" -sass "$o")
-      echo "== $(basename "$o"): $(grep -c HGMMA <<<"$sass") HGMMA, $(grep -c HMMA <<<"$sass") HMMA, $(grep -cE 'LDL|STL' <<<"$sass") LDL/STL"
+      echo "== $(basename "$o"): $(grep -c HGMMA <<<"$sass") HGMMA, $(grep -c QGMMA <<<"$sass") QGMMA, $(grep -c HMMA <<<"$sass") HMMA, $(grep -cE 'LDL|STL' <<<"$sass") LDL/STL"
     done > $DIST/sass_summary.txt
     cat $DIST/sass_summary.txt
   fi

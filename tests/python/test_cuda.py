@@ -136,7 +136,11 @@ def test_fp8_forward_matches_float64_on_the_dequantized_inputs(descale, causal):
     ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), vd)
     assert not out.isnan().any()
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=0.05 * ref.abs().max().item())
-    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4)
+    # Hopper's FP8 tensor cores accumulate with ~14 mantissa bits (DeepSeek-V3 report, Sec. 3.3.2):
+    # a score may move by ~2^-13 of its scaled Σ|q_d k_d|, and lse (a smooth max) by as much; 2^-12
+    # of the largest leaves a factor 2 (the C++ suite's fp8_score_accumulation_bound()).
+    acc_bound = 2.0 ** -12 * (torch.einsum("bihd,bjhd->bhij", qd.abs(), kd.abs()) / d ** 0.5).max().item()
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4 + acc_bound)
 
 
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8_e4m3fn")

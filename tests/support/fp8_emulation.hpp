@@ -84,4 +84,39 @@ inline void fp8_emulated_forward(const detail::Params& p, double* out, double* l
     }
 }
 
+// What the FP8 tensor cores' accumulation may add to any score: Hopper's FP8 wgmma keeps about 14
+// mantissa bits in its accumulator, not float32's 24 (DeepSeek-V3 technical report, 2024, Sec. 3.3.2,
+// measured on H800), so a score may be off by ~2^-13 of Σ_d |q_d k_d| (scaled), where the emulation
+// above rounds an exact dot product once. Returns 2^-12 (a factor 2 of margin) times the largest
+// scaled Σ_d |q_d k_d| over every (row, visible key): a bound on what that does to lse (a smooth max
+// of the scores moves by at most the largest score change; softcap's tanh only shrinks changes).
+inline double fp8_score_accumulation_bound(const detail::Params& p) {
+  auto load = [&](const void* base, int64_t offset) {
+    return std::fabs(static_cast<double>(detail::e4m3_to_float(static_cast<const uint8_t*>(base)[offset])));
+  };
+  auto descale = [&](const float* ptr, int64_t bs, int64_t hs, int64_t b, int64_t hk) {
+    return ptr ? ptr[b * bs + hk * hs] : 1.0f;
+  };
+  const int64_t group = p.num_heads / p.num_heads_k;
+  double worst = 0.0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const int64_t hk = h / group;
+      const double scale = std::fabs(double(p.softmax_scale) *
+                                     descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, hk) *
+                                     descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk));
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const detail::KeyRange kr = detail::visible_keys(p, i, p.seqlen_q, p.seqlen_k);
+        const int64_t q0 = b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride;
+        for (int64_t j = kr.lo; j < kr.hi; ++j) {
+          const int64_t k0 = b * p.k_batch_stride + j * p.k_row_stride + hk * p.k_head_stride;
+          double sum = 0.0;
+          for (int64_t d = 0; d < p.head_dim; ++d) sum += load(p.q, q0 + d) * load(p.k, k0 + d);
+          worst = std::max(worst, scale * sum);
+        }
+      }
+    }
+  return std::ldexp(worst, -12);
+}
+
 }  // namespace flashattn::testing
