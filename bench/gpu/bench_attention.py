@@ -91,10 +91,14 @@ def ours(q, k, v, do, causal, variant=None, fwd_kernel=None, env=None):
     return fwd, bwd
 
 
-def ours_fp8(q, k, v, do, causal):
+def ours_fp8(q, k, v, do, causal, env=None):
     """The FP8 (e4m3) forward on the same inputs: q, k, v quantized per tensor (scale = amax / 448,
-    FlashAttention-3's per-tensor descaling) before timing; out is bf16. Forward only (bwd None)."""
+    FlashAttention-3's per-tensor descaling) before timing; out is bf16. Forward only (bwd None).
+    env: kernel-selection variables for this contender only, as for ours()."""
     import flashattn
+
+    env = dict(env or {})
+    _OUR_ENV_KNOBS.update(env)
 
     def quant(t):
         scale = (t.abs().amax().float() / 448.0).clamp(min=1e-12)
@@ -103,6 +107,9 @@ def ours_fp8(q, k, v, do, causal):
     (q8, qs), (k8, ks), (v8, vs) = quant(q), quant(k), quant(v)
 
     def fwd():
+        for name in _OUR_ENV_KNOBS:
+            os.environ.pop(name, None)
+        os.environ.update(env)
         with torch.no_grad():
             return flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
 
@@ -200,6 +207,8 @@ def main():
                     help="LABEL=VAR=VALUE[;VAR=VALUE]: also time ours with these environment variables")
     ap.add_argument("--fp8", action="store_true",
                     help="also time the FP8 (e4m3) forward on the same inputs, quantized per tensor (head_dim 128)")
+    ap.add_argument("--fp8-env", action="append", default=[],
+                    help="LABEL=VAR=VALUE[;VAR=VALUE]: also time the FP8 forward with these environment variables")
     ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     ap.add_argument("--dtypes", default="", help="bfloat16 and/or float16 (comma-separated; default both, --quick bf16)")
@@ -222,6 +231,10 @@ def main():
             contenders["ours_sm80"] = lambda q, k, v, do, c: ours(q, k, v, do, c, fwd_kernel="sm80")
         if args.fp8:
             contenders["ours_fp8"] = ours_fp8
+            for spec in args.fp8_env:
+                label, _, assigns = spec.partition("=")
+                env = dict(a.split("=", 1) for a in assigns.split(";") if a)
+                contenders[f"ours_fp8_{label}"] = (lambda env: lambda q, k, v, do, c: ours_fp8(q, k, v, do, c, env=env))(env)
     except Exception as e:  # report, keep benchmarking the peers
         print(f"ours: unavailable ({e})", file=sys.stderr)
         del contenders["ours"]
@@ -272,7 +285,7 @@ def main():
                 for cname, make in contenders.items():
                     if cname == "flex" and s not in flex_seqlens:
                         continue
-                    if cname == "ours_fp8" and d != 128:  # the FP8 forward ships head_dim 128 only
+                    if cname.startswith("ours_fp8") and d != 128:  # the FP8 forward ships head_dim 128 only
                         continue
                     rec = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "batch": b, "seqlen": s,
                            "heads": h, "heads_k": hk, "head_dim": d, "causal": causal, "impl": cname}

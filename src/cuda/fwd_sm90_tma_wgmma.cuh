@@ -64,6 +64,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kPanelCols = 128 / Cfg::kElemBytes;
   // wgmma k-steps of 32 bytes along a row: 16 elements of 16 bits, 32 of 8 (k32 instructions).
   constexpr int kKStep = 32 / Cfg::kElemBytes;
+  // FP8: P · 2^8 (<= 256 < 448, e4m3's largest) keeps small probabilities out of e4m3's subnormals;
+  // the row sum carries the same factor, so out is unchanged, and lse takes it out.
+  constexpr float kPBias = kFp8 ? 8.f : 0.f;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         uint32_t pf[BN / kKStep][4];
         // Q as wgmma A fragments (Cfg::kQInRegs): loaded once per tile, so that S = Q Kᵀ reads
         // only K from shared memory.
-        uint32_t qf[Cfg::kQInRegs ? D / 16 : 1][4];
+        uint32_t qf[Cfg::kQInRegs ? D / kKStep : 1][4];
 
         // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
         // every 4 steps to the next 64-column panel.
@@ -310,7 +313,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
           if constexpr (Cfg::kQInRegs)
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
+            for (int kk = 0; kk < D / kKStep; ++kk)
 #pragma unroll
               for (int r = 0; r < 4; ++r) fence_operand(qf[kk][r]);
         };
@@ -399,9 +402,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // so exp2(−inf − base) = 0 instead of NaN.
             const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
             alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
-            // FP8: P · 2^8 (<= 256 < 448, e4m3's largest) keeps small probabilities out of e4m3's
-            // subnormals; the row sum carries the same factor, so out is unchanged, lse takes it out.
-            const float pbase = kFp8 ? base - 8.f : base;
+            const float pbase = base - kPBias;
             row_max[hr] = mx;
             float sum = 0.f;
 #pragma unroll
@@ -449,7 +450,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // producer may load the next tile's Q as soon as every warp has its fragments.
           const int q_row = cw * 64 + warp * 16 + (lane % 16);
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
+          // (e4m3: the same b16 view: bytes 4t .. 4t+3 of a row are the 8-bit A fragment's.)
+          for (int kk = 0; kk < D / kKStep; ++kk)
             ldmatrix_x4(qf[kk], sQ + swizzled_chunk<BM>(q_row, 2 * kk + lane / 16));
         // The next write to sQ is the producer's TMA (the async proxy): order these generic-proxy
         // reads before it, as the PTX memory model asks for across proxies.
@@ -529,7 +531,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           *reinterpret_cast<uint32_t*>(smem_o + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
         }
         if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
-          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l) - (kFp8 ? 8.f : 0.f)) * kLn2 : -INFINITY;
+          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2 : -INFINITY;
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
       }

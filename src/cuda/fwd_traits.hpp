@@ -124,8 +124,9 @@ struct FwdSm90Config {
   // per key tile the two consumers then read 64 KB of operands for S instead of 96 KB, next to
   // P V's 64 KB and the ring's 64 KB of TMA writes, against 128 bytes per clock of shared memory
   // over the tile's 2048 tensor cycles. Two consumers only: with three (160 registers each) the
-  // fragments spill.
-  static constexpr bool kQInRegs = kHeadDim <= 128 && kBlockM == 128 && kElemBytes == 2;
+  // fragments spill. FP8 (head_dim 128 of one byte: 16 registers) needs it more, its products
+  // running at twice the rate: 782 -> 843 TFLOP/s at seqlen 16384 (perf-notes).
+  static constexpr bool kQInRegs = kHeadDim * kElemBytes <= 256 && kBlockM == 128;
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
   // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
@@ -170,8 +171,10 @@ struct FwdSm90Traits<128> {
   using MaskedShort = Config;
   static constexpr int kMaskedShortBelow = 0;
 };
-// FP8 (e4m3) forward: head_dim 128, block_m 128 (two consumers), block_n 128, 3 stages of 16 KB K
-// and 16 KB Vᵀ tiles: 16 KB Q + 96 KB ring + 32 KB bf16 O staging.
+// FP8 (e4m3) forward: head_dim 128, block_m 128 (two consumers, Q in registers), block_n 128 (Vᵀ's
+// K-major tile is one 128-byte panel of keys), 3 stages of 16 KB K and 16 KB Vᵀ tiles: 16 KB Q +
+// 96 KB ring + 32 KB bf16 O staging. Registers: S 64 + P 16 + O 64 + Q 16. Three consumers (block_m
+// 192, 160 registers each) spill 144 bytes.
 struct FwdSm90Fp8Traits {
   using Config = FwdSm90Config<128, 128, 3, 128, 1>;
 };
