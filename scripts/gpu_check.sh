@@ -28,7 +28,7 @@
 #                                                  installed package (no FLASHATTN_LIBRARY);
 #                                       minilm     tests/python/test_minilm.py (CPU and CUDA) on
 #                                                  .carry/minilm/ (see pack-minilm);
-#                                       bench      bench/gpu/bench_attention.py (quickbench: --quick).
+#                                       bench      bench/gpu/bench_attention.py --fp8 (quickbench: --quick).
 #                                     Logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 # Environment: GTEST_FILTER narrows the test run and GTEST_FILTER_SM80 the sm80-forced rerun;
 # BENCH_ARGS are passed to bench_attention.py; TRAIN_STEPS (default 300) to train_gpt.py; for build,
@@ -139,7 +139,7 @@ if [[ $what == *tests* ]]; then
   grep -E "(forward|backward) kernel:" "$OUT/tests.log" | head -2
   # On a Hopper GPU the forward and backward tests ran the sm90 kernels; run them again on sm80's.
   start=$(date +%s)
-  FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80 $DIST/test_cuda --gtest_filter="${GTEST_FILTER_SM80:-*CudaForward*:*CudaBackward*}" > "$OUT/tests_sm80.log" 2>&1
+  FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80 $DIST/test_cuda --gtest_filter="${GTEST_FILTER_SM80:-*CudaForward*:*CudaBackward*:-*CudaForwardFp8*}" > "$OUT/tests_sm80.log" 2>&1
   rc=$?
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_sm80.log" | sort -u | head -20
   grep -E "(forward|backward) kernel:" "$OUT/tests_sm80.log" | head -2
@@ -159,9 +159,9 @@ fi
 
 if [[ $what == *sanitize* ]]; then
   # Small cases that still cover every code path: masked and unmasked tiles, varlen with empty
-  # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, and the backward (the head_dim 256
-  # kernel through the varlen and softcap + ALiBi cases).
-  filter='*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:CudaBackwardMisc.KernelChoice'
+  # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, the FP8 forward (a masked GQA case),
+  # and the backward (the head_dim 256 kernel through the varlen and softcap + ALiBi cases).
+  filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:CudaBackwardMisc.KernelChoice'
   # memcheck and racecheck run with 3 persistent forward blocks, so that these small shapes go
   # through several tiles per block (the static and the atomic-counter schedules), and head_dim 64
   # at block_m 192 whatever the mask; initcheck and synccheck with the defaults.
@@ -242,7 +242,7 @@ fi
 
 if [[ $what == *bench* ]]; then
   start=$(date +%s)
-  extra=${BENCH_ARGS:-}
+  extra="--fp8 ${BENCH_ARGS:-}"  # the FP8 forward (head_dim 128) next to the bf16 / fp16 contenders
   [[ $what == *quickbench* ]] && extra="--quick $extra"
   FLASHATTN_LIBRARY=$PWD/$DIST/libflashattn.so PYTHONUNBUFFERED=1 \
     python3 bench/gpu/bench_attention.py --out "$OUT" $extra > "$OUT/bench.log" 2>&1

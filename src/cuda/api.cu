@@ -260,21 +260,24 @@ Lengths varlen_lengths(const detail::Params& p) {
 // What the FP8 (e4m3) forward needs beyond validate()'s checks: this build's and this device's
 // Hopper kernels, the one head_dim it ships, batched tensors that fit TMA maps.
 std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
-  if (pass == Pass::backward) return std::string("q: e4m3 has a forward pass only on cuda, got a backward call");
+  if (pass == Pass::backward)
+    return std::string("q: expected fp16 or bf16 for the backward on cuda (e4m3 has a forward pass only), got e4m3");
 #ifndef FLASHATTN_CUDA_FWD_SM90_FP8
-  return std::string("q: e4m3 needs a build with the sm_90a kernels (FLASHATTN_CUDA_ARCHS with 90a), got one without");
+  return std::string("q: expected a build with the sm_90a kernels for e4m3 (FLASHATTN_CUDA_ARCHS with 90a), got one "
+                     "without");
 #else
   int device = 0;
   FA_CUDA_CHECK(cudaGetDevice(&device));
   if (device_cc(device) != 90) {
-    return "q: e4m3 runs on sm_90 GPUs (Hopper's FP8 tensor cores) on cuda, got compute capability " +
+    return "q: expected an sm_90 GPU for e4m3 (Hopper's FP8 tensor cores) on cuda, got compute capability " +
            std::to_string(device_cc(device) / 10) + "." + std::to_string(device_cc(device) % 10);
   }
   if (p.head_dim != 128 || p.head_dim_v != 128) {
     return "head_dim: expected 128 (and head_dim_v 128) for e4m3 on cuda, got " + std::to_string(p.head_dim) + " and " +
            std::to_string(p.head_dim_v);
   }
-  if (p.is_varlen) return std::string("cu_seqlens_q: e4m3 runs batched only on cuda, got a variable-length batch");
+  if (p.is_varlen)
+    return std::string("cu_seqlens_q: expected none for e4m3 (batched only) on cuda, got a variable-length batch");
   if (p.out_dtype != DType::bf16) return std::string("out: expected bf16 for e4m3 inputs, got ") + dtype_name(p.out_dtype);
   if (!tma_fits(p, false)) {
     return "q: expected e4m3 q, k, v with at least one row and strides below 2^39 elements (TMA maps) on cuda, got "

@@ -51,7 +51,7 @@ void expect_refused(const ProblemConfig& cfg, const std::function<void(Attention
 
 TEST(CudaValidation, Fp32IsRefusedWithAdvice) {
   FLASHATTN_REQUIRE_GPU();
-  expect_refused(small(DType::f32), [](AttentionParams&, GpuProblem&) {}, "q: expected fp16 or bf16 on cuda, got fp32");
+  expect_refused(small(DType::f32), [](AttentionParams&, GpuProblem&) {}, "q: expected fp16, bf16 or e4m3 on cuda, got fp32");
 }
 
 TEST(CudaValidation, HeadDimNotMultipleOf8) {
