@@ -209,10 +209,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint64_t q_mine = make_desc(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's Q rows (K-major)
 
     // As in the sm80 kernel: softcap, ALiBi or a negative scale scale the scores first.
-    bool modified = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
-    // FP8: the scores' scale takes q's and k's descales, per (batch, kv head), i.e. per tile.
-    float score_scale = p.softmax_scale;
-    float scale_log2 = modified ? kLog2e : p.softmax_scale * kLog2e;
+    // (FP8: per tile instead, where the scores' scale takes q's and k's descales.)
+    const bool modified_all = p.softcap > 0.f || p.alibi_slopes != nullptr || p.softmax_scale < 0.f;
+    const float scale_log2_all = modified_all ? kLog2e : p.softmax_scale * kLog2e;
     // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
     // warpgroup's softmax runs while another's GEMMs own the tensor cores. Named barrier 2 + w is
     // warpgroup w's turn: it waits there (128 threads) for the 128 arrivals of the warpgroup before
@@ -249,17 +248,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int b = blk.b, h = blk.h, m0 = blk.m0, len_q = blk.len_q, len_k = blk.len_k;
       const int64_t q_start = blk.q_start, offset = blk.offset, last_row = blk.last_row;
       const int nb_min = blk.nb_min, nb_max = blk.nb_max;
-      float v_scale = 1.f;  // FP8: v's descale, applied with 1 / l
-      if constexpr (kFp8) {
-        auto descale = [&](const float* d, int64_t batch_stride, int64_t head_stride) {
-          return d != nullptr ? d[b * batch_stride + blk.h_k * head_stride] : 1.f;
-        };
-        score_scale = p.softmax_scale * descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
-                      descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
-        modified = p.softcap > 0.f || p.alibi_slopes != nullptr || score_scale < 0.f;
-        scale_log2 = modified ? kLog2e : score_scale * kLog2e;
-        v_scale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
-      }
+      // FP8: the descales of this tile's (batch, kv head); 1 otherwise.
+      auto descale = [&](const float* d, int64_t batch_stride, int64_t head_stride) {
+        return kFp8 && d != nullptr ? d[b * batch_stride + blk.h_k * head_stride] : 1.f;
+      };
+      const float score_scale =
+          kFp8 ? p.softmax_scale * descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
+                     descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride)
+               : p.softmax_scale;
+      const bool modified = kFp8 ? p.softcap > 0.f || p.alibi_slopes != nullptr || score_scale < 0.f : modified_all;
+      const float scale_log2 = kFp8 ? (modified ? kLog2e : score_scale * kLog2e) : scale_log2_all;
+      const float v_scale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
       float o[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
