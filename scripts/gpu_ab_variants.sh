@@ -11,20 +11,21 @@
 # 8 % at single points on the power-capped H200, the contenders of one run far less.
 # Other knobs: AB_SHAPES (fa2paper,llama), AB_DTYPES (bfloat16), AB_REP_MS (150), AB_BENCH_TIMEOUT.
 set -u
+AB_VAR=${AB_VAR:-FLASHATTN_CUDA_FWD_AB}  # the branch's per-call variant switch
 PACK=$(ls .carry/ab-*.tar.xz | head -1)
 D=/tmp/abx; rm -rf $D; mkdir -p $D; tar xJf $PACK -C $D
 export LD_LIBRARY_PATH=$PWD/build-gpu/dist
 T=$D/ab/test_cuda
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 for v in ${AB_TEST_VARIANTS:-1 2}; do
-  FLASHATTN_CUDA_FWD_AB=$v timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t$v.log 2>&1
+  env "$AB_VAR=$v" timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t$v.log 2>&1
   echo "AB=$v rc=$? $(grep -E '^\[  PASSED' $OUT/t$v.log) $(grep -c '^\[  FAILED  \] [A-Za-z]' $OUT/t$v.log) failed"
   grep '^\[  FAILED  \] [A-Za-z]' $OUT/t$v.log | head -5
-  FLASHATTN_CUDA_FWD_AB=$v FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1 timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t${v}p.log 2>&1
+  env "$AB_VAR=$v" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1 timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t${v}p.log 2>&1
   echo "AB=$v p3 rc=$? $(grep -E '^\[  PASSED' $OUT/t${v}p.log)"
 done
 v=${AB_RACE_VARIANT:-2}
-FLASHATTN_CUDA_FWD_AB=$v FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 99 $T \
+env "$AB_VAR=$v" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 99 $T \
   --gtest_filter='*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq520_sk130_h40k8_d64' > $OUT/rc.log 2>&1
 echo "racecheck AB=$v rc=$? $(grep -m1 'RACECHECK SUMMARY' $OUT/rc.log)"
 FLASHATTN_LIBRARY=$D/ab/libflashattn.so PYTHONPATH=$PWD/python timeout ${AB_BENCH_TIMEOUT:-420} python3 bench/gpu/bench_attention.py \
