@@ -137,6 +137,18 @@ void score_row(const Params& p, const Rounder& rnd, const Inputs& in, int64_t b,
   for (int64_t jj = 0; jj < n; ++jj) row.prob[jj] = rnd(std::exp(row.s[jj] - row.lse));
 }
 
+// q, k and v in float64, dense, times their descales (e4m3).
+Inputs load_inputs(const Params& p) {
+  Inputs in;
+  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim,
+                    {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride});
+  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim,
+                    {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride});
+  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v,
+                    {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride});
+  return in;
+}
+
 }  // namespace
 
 int64_t total_q(const Params& p) { return p.is_varlen ? p.cu_seqlens_q[p.batch] : p.batch * p.seqlen_q; }
@@ -145,13 +157,7 @@ int64_t total_k(const Params& p) { return p.is_varlen ? p.cu_seqlens_k[p.batch] 
 void forward(const Params& p, Precision prec, double* out, double* lse) {
   require_host(p);
   const Rounder rnd{prec, p.dtype};
-  Inputs in;
-  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim,
-                    {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride});
-  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim,
-                    {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride});
-  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v,
-                    {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride});
+  const Inputs in = load_inputs(p);
   const int64_t tq = total_q(p);
   const int64_t group = p.num_heads / p.num_heads_k;
   const int64_t work = p.batch * p.num_heads;
@@ -179,13 +185,7 @@ void backward(const Params& p, Precision prec, double* dq, double* dk, double* d
   require_host(p);
   if (!p.dout) throw Error("dout: expected a tensor for the reference backward, got none");
   const Rounder rnd{prec, p.dtype};
-  Inputs in;
-  in.q = load_dense(p, true, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.num_heads, p.head_dim,
-                    {p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride});
-  in.k = load_dense(p, false, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.num_heads_k, p.head_dim,
-                    {p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride});
-  in.v = load_dense(p, false, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.num_heads_k, p.head_dim_v,
-                    {p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride});
+  const Inputs in = load_inputs(p);
   const std::vector<double> dout =
       load_dense(p, true, p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.num_heads, p.head_dim_v);
   const int64_t group = p.num_heads / p.num_heads_k;

@@ -411,27 +411,20 @@ const ErrorCase kCases[] = {
      "dk", "disjoint from cu_seqlens_k"},
 };
 
-class ValidationError : public ::testing::TestWithParam<ErrorCase> {};
-
-TEST_P(ValidationError, NamesArgumentAndWritesNothing) {
-  const ErrorCase& c = GetParam();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed_note(seed));
-  Problem pr(base_config(c.varlen), seed);
-  AttentionParams a = pr.params();
-  c.mutate(a);
-  const std::string prefix = std::string(c.argument) + ": expected";
-
-  const Plan pl = plan(a, c.pass);
+// plan() refuses `a` with a reason that starts "<argument>: expected", contains `contains` and
+// "got"; the call throws the same reason; the outputs (poisoned by Problem) are bitwise untouched.
+void expect_refused_by_name(const Problem& pr, const AttentionParams& a, Pass pass, const char* argument,
+                            const char* contains) {
+  const std::string prefix = std::string(argument) + ": expected";
+  const Plan pl = plan(a, pass);
   EXPECT_FALSE(pl.ok);
   EXPECT_EQ(pl.reason.rfind(prefix, 0), 0u) << "reason: " << pl.reason;
-  EXPECT_NE(pl.reason.find(c.contains), std::string::npos) << "reason: " << pl.reason;
+  EXPECT_NE(pl.reason.find(contains), std::string::npos) << "reason: " << pl.reason;
   EXPECT_NE(pl.reason.find("got"), std::string::npos) << "reason: " << pl.reason;
 
-  // The outputs start poisoned; bitwise copies show that the failed call wrote nothing.
   const HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv;
   try {
-    if (c.pass == Pass::forward) forward(a); else backward(a);
+    if (pass == Pass::forward) forward(a); else backward(a);
     ADD_FAILURE() << "expected flashattn::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), pl.reason) << "plan() and the call must give the same reason";
@@ -441,6 +434,18 @@ TEST_P(ValidationError, NamesArgumentAndWritesNothing) {
   EXPECT_TRUE(pr.dq.bitwise_equal(dq0));
   EXPECT_TRUE(pr.dk.bitwise_equal(dk0));
   EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
+}
+
+class ValidationError : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(ValidationError, NamesArgumentAndWritesNothing) {
+  const ErrorCase& c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(base_config(c.varlen), seed);
+  AttentionParams a = pr.params();
+  c.mutate(a);
+  expect_refused_by_name(pr, a, c.pass, c.argument, c.contains);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ValidationError, ::testing::ValuesIn(kCases),
@@ -563,26 +568,7 @@ TEST_P(Fp8ValidationError, NamesArgumentAndWritesNothing) {
   Problem pr(cfg, seed);
   AttentionParams a = pr.params();
   if (c.mutate) c.mutate(a);
-  const std::string prefix = std::string(c.argument) + ": expected";
-
-  const Plan pl = plan(a, c.pass);
-  EXPECT_FALSE(pl.ok);
-  EXPECT_EQ(pl.reason.rfind(prefix, 0), 0u) << "reason: " << pl.reason;
-  EXPECT_NE(pl.reason.find(c.contains), std::string::npos) << "reason: " << pl.reason;
-  EXPECT_NE(pl.reason.find("got"), std::string::npos) << "reason: " << pl.reason;
-
-  const HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv;
-  try {
-    if (c.pass == Pass::forward) forward(a); else backward(a);
-    ADD_FAILURE() << "expected flashattn::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), pl.reason) << "plan() and the call must give the same reason";
-  }
-  EXPECT_TRUE(pr.out.bitwise_equal(out0));
-  EXPECT_TRUE(pr.lse.bitwise_equal(lse0));
-  EXPECT_TRUE(pr.dq.bitwise_equal(dq0));
-  EXPECT_TRUE(pr.dk.bitwise_equal(dk0));
-  EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
+  expect_refused_by_name(pr, a, c.pass, c.argument, c.contains);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Fp8ValidationError, ::testing::ValuesIn(kFp8Cases),
