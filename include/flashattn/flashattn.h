@@ -23,7 +23,8 @@ enum { FA_ALIGN_BOTTOM_RIGHT = 0, FA_ALIGN_TOP_LEFT = 1 };
 /* FA_STATUS_CUDA: a CUDA runtime call failed (the message carries CUDA's error name and text). */
 enum { FA_STATUS_OK = 0, FA_STATUS_INVALID_ARGUMENT = 1, FA_STATUS_INTERNAL = 2, FA_STATUS_CUDA = 3 };
 
-/* A strided tensor view; ndim == 0 (or data == NULL with ndim == 0) means "not given".
+/* A strided tensor view; ndim == 0 (or data == NULL with ndim == 0) means "not given" (except for
+ * the FP8 descales, where ndim 0 with data != NULL is one value; shape [1] says the same).
  * Strides are in elements; the last dimension must be contiguous. */
 typedef struct fa_tensor {
   void* data;
@@ -57,7 +58,9 @@ typedef struct fa_params {
    * 0 broadcasts) or one value per tensor (ndim 0 with data != NULL, or shape [1]); not given
    * (data NULL, ndim 0) = 1. S = softmax_scale * (q_descale q)(k_descale k)^T, O = P (v_descale v),
    * out bf16; query head h uses KV head h / (num_heads / num_heads_k). Forward only, batched only,
-   * head_dim = head_dim_v = 128, CUDA (sm_90) only; given with non-e4m3 q: FA_STATUS_INVALID_ARGUMENT. */
+   * head_dim = head_dim_v = 128, CUDA (sm_90) only; given with non-e4m3 q: FA_STATUS_INVALID_ARGUMENT.
+   * Values must be finite and > 0 (read once per call, except under stream capture); see
+   * flashattn.hpp for the workspace the call takes. */
   fa_tensor q_descale, k_descale, v_descale;
 } fa_params;
 

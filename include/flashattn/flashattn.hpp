@@ -56,7 +56,7 @@
 //   O = softmax(S) · (v_descale·V)                    out in bf16, lse float32 as above
 // where query head h uses the descales of KV head h / (num_heads / num_heads_k). Forward only, batched
 // layout only, head_dim = head_dim_v = 128 only, on the CUDA backend (sm_90) only; every other case is
-// refused by name (plan() gives the reason, forward() and backward() throw it).
+// refused by name (plan() gives the reason, forward() and backward() throw it); seqlen_k = 0 too.
 #pragma once
 
 #include <cstddef>
@@ -142,7 +142,12 @@ struct AttentionParams {
   // float32 dequantization factors, on q's device, each either [batch, num_heads_k] (any strides,
   // 0 broadcasts) or a single value for the whole tensor (rank 0 with data, or rank 1 of size 1).
   // Not given (data == nullptr, ndim == 0) = 1. Query head h uses KV head h / (num_heads / num_heads_k).
-  // Given with q not e4m3: Error naming the argument. Values are not checked (they stay on the device).
+  // Given with q not e4m3: Error naming the argument. The CUDA backend reads the values once per call
+  // (a synchronizing copy, skipped under stream capture): each must be finite and > 0, and
+  // softmax_scale · q_descale · k_descale (/ softcap when on) a normal float32, else Error naming
+  // q_descale (or the one at fault). The call also takes a workspace of batch · num_heads_k · 128 ·
+  // round_up(seqlen_k, 128) bytes (Vᵀ: FP8 wgmma reads both operands K-major) with cudaMallocAsync
+  // on the stream; Error naming v when it cannot.
   TensorView q_descale, k_descale, v_descale;
 };
 

@@ -15,7 +15,7 @@ Masks: query i sees key j when i + offset - window_size[0] <= j <= i + offset + 
 seqlen_q for causal_align="bottom_right" (flash-attn >= 2.1, the default) and offset = 0 for
 "top_left" (PyTorch's is_causal). A query row that sees no key gets out = 0 and lse = -inf.
 
-FP8 forward (FlashAttention-3, Shah et al. 2024, Sec. 3.3; flash_attn_func only): q, k, v in
+FP8 forward (FlashAttention-3, Shah et al. 2024, Sec. 3.3; flash_attn_func and the packed forms): q, k, v in
 torch.float8_e4m3fn on CUDA (sm_90), head_dim 128, with FlashAttention-3's q_descale, k_descale,
 v_descale (float32 dequantization factors, (batch, num_heads_k) or one element; None = 1):
 
@@ -104,11 +104,12 @@ def _check_tensors(**tensors) -> None:
 _OPTIONAL_TENSORS = ("alibi_slopes", "q_descale", "k_descale", "v_descale")
 
 
-def _check_alibi_slopes(alibi_slopes: Optional[Tensor]) -> None:
-    # The backward returns no gradient for the slopes: refuse to train them rather than leave
-    # their .grad silently unset.
-    if alibi_slopes is not None and alibi_slopes.requires_grad and torch.is_grad_enabled():
-        raise ValueError("alibi_slopes: gradients are not supported; pass a tensor with requires_grad=False")
+def _check_alibi_slopes(alibi_slopes: Optional[Tensor], **descales: Optional[Tensor]) -> None:
+    # The backward returns no gradient for the slopes (nor for FP8 descales, whose call has no
+    # backward): refuse to train them rather than leave their .grad silently unset.
+    for name, t in (("alibi_slopes", alibi_slopes), *descales.items()):
+        if t is not None and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name}: gradients are not supported; pass a tensor with requires_grad=False")
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -146,7 +147,9 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
             float8_e4m3fn inputs only: float32 tensors on q's device of shape (batch, num_heads_k)
             (any strides; query head h uses KV head h // (num_heads // num_heads_k)) or of one
             element (per tensor); None = 1. S = softmax_scale * (q_descale q)(k_descale k)^T,
-            out = softmax(S) (v_descale v). Keyword-only.
+            out = softmax(S) (v_descale v), with P rounded to e4m3 inside (FA-3's rounding: on the
+            H200, out within ~1e-3 of float64 on the dequantized inputs at N(0, 1) inputs, lse a few
+            1e-3). Values must be finite and > 0 (read once per call). Keyword-only.
 
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype (bfloat16 for float8_e4m3fn
@@ -159,8 +162,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
         ValueError: for dropout_p != 0, return_attn_probs=True, a bad causal_align or window_size, a
             softmax_scale or softcap that is not a normal float32 (magnitude below 2^-126 or not
             finite; softcap=0 is off),
-            alibi_slopes that require grad (while grad mode is on), or a max_seqlen / window_size
-            outside the int64 range.
+            alibi_slopes or descales that require grad (while grad mode is on), or a max_seqlen /
+            window_size outside the int64 range.
         FlashAttnError (a ValueError): when the library rejects the call; the message names the
             argument, what was expected and what came (e.g. a dtype, shape or device mismatch;
             float8_e4m3fn on the CPU, with head_dim != 128 or with k / v of another dtype; descales
@@ -171,7 +174,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                                        causal_align)
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
                    v_descale=v_descale)
-    _check_alibi_slopes(alibi_slopes)
+    _check_alibi_slopes(alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
     out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts, q_descale, k_descale,
                               v_descale)
@@ -224,28 +227,34 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
                               causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                               return_attn_probs: bool = False, *, return_lse: bool = False,
-                              causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                              causal_align: str = "bottom_right", q_descale: Optional[Tensor] = None,
+                              k_descale: Optional[Tensor] = None,
+                              v_descale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """flash_attn_func on qkv [batch, seqlen, 3, num_heads, head_dim] (q, k, v stacked on dim 2)."""
     _check_tensors(qkv=qkv)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv: expected shape [batch, seqlen, 3, num_heads, head_dim], got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align)
+                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align,
+                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, return_lse: bool = False,
-                             causal_align: str = "bottom_right") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                             causal_align: str = "bottom_right", q_descale: Optional[Tensor] = None,
+                             k_descale: Optional[Tensor] = None,
+                             v_descale: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """flash_attn_func on q and kv [batch, seqlen_k, 2, num_heads_k, head_dim] (k, v stacked on dim 2)."""
     _check_tensors(q=q, kv=kv)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape [batch, seqlen_k, 2, num_heads_k, head_dim], got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align)
+                           deterministic, return_attn_probs, return_lse=return_lse, causal_align=causal_align,
+                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 __all__ = [

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <optional>
@@ -257,8 +259,59 @@ Lengths varlen_lengths(const detail::Params& p) {
   return {q.max_len, k.max_len, ""};
 }
 
+// The descale values of an e4m3 call, read from the device (they scale every score and every output,
+// and validate() sees only their layout): each finite and > 0, and softmax_scale · q_descale ·
+// k_descale a normal float32 (/ softcap too when it is on), so that no NaN or inf comes out as a
+// result. Skipped under stream capture, where a synchronizing copy is illegal (as for cu_seqlens).
+std::optional<std::string> check_fp8_descales(const detail::Params& p) {
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (stream_capturing(stream)) return std::nullopt;
+  const int64_t nb = p.batch, nh = p.num_heads_k;
+  struct Descale {
+    const char* name;
+    const float* ptr;
+    int64_t batch_stride, head_stride;
+    std::vector<float> host;  // [b * nh + h]
+  };
+  Descale d[3] = {{"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, {}},
+                  {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, {}},
+                  {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, {}}};
+  for (Descale& x : d) {
+    x.host.assign(static_cast<size_t>(nb * nh), 1.0f);
+    if (x.ptr == nullptr) continue;
+    // Every (b, h) element, wherever the strides put it: copy the span they cover, then pick.
+    const int64_t span = (nb - 1) * x.batch_stride + (nh - 1) * x.head_stride + 1;
+    std::vector<float> raw(static_cast<size_t>(span));
+    FA_CUDA_CHECK(cudaMemcpyAsync(raw.data(), x.ptr, raw.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t h = 0; h < nh; ++h) {
+        const float v = raw[static_cast<size_t>(b * x.batch_stride + h * x.head_stride)];
+        if (!(std::isfinite(v) && v > 0.0f)) {
+          return std::string(x.name) + ": expected finite values > 0, got " + std::to_string(v) + " at [" +
+                 std::to_string(b) + ", " + std::to_string(h) + "]";
+        }
+        x.host[static_cast<size_t>(b * nh + h)] = v;
+      }
+  }
+  for (int64_t i = 0; i < nb * nh; ++i) {
+    const double scale = double(p.softmax_scale) * d[0].host[size_t(i)] * d[1].host[size_t(i)];
+    const double ratio = p.softcap > 0.0f ? scale / p.softcap : scale;
+    for (double x : {scale, ratio}) {
+      const double a = std::fabs(x);
+      if (!(a >= double(FLT_MIN) && a <= double(FLT_MAX))) {
+        return "q_descale: expected softmax_scale * q_descale * k_descale" +
+               std::string(p.softcap > 0.0f ? " (and it / softcap)" : "") +
+               " to be a normal float32, got " + std::to_string(x) + " at [" + std::to_string(i / nh) + ", " +
+               std::to_string(i % nh) + "] (softmax_scale " + std::to_string(p.softmax_scale) + ")";
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // What the FP8 (e4m3) forward needs beyond validate()'s checks: this build's and this device's
-// Hopper kernels, the one head_dim it ships, batched tensors that fit TMA maps.
+// Hopper kernels, the one head_dim it ships, batched tensors that fit TMA maps, sane descales.
 std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
   if (pass == Pass::backward)
     return std::string("q: expected fp16 or bf16 for the backward on cuda (e4m3 has a forward pass only), got e4m3");
@@ -279,11 +332,35 @@ std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
   if (p.is_varlen)
     return std::string("cu_seqlens_q: expected none for e4m3 (batched only) on cuda, got a variable-length batch");
   if (p.out_dtype != DType::bf16) return std::string("out: expected bf16 for e4m3 inputs, got ") + dtype_name(p.out_dtype);
-  if (!tma_fits(p, false)) {
-    return "q: expected e4m3 q, k, v with at least one row and strides below 2^39 elements (TMA maps) on cuda, got "
-           "seqlen_q " + std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
+  if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return std::nullopt;  // nothing to compute or write
+  if (p.seqlen_k == 0) {
+    return std::string("k: expected at least one key for e4m3 on cuda (its kernel reads k and v through TMA maps), "
+                       "got seqlen_k 0");
   }
-  return std::nullopt;
+  // The TMA maps' strides (the 16-bit kernels fall back to sm80 where these fail; FP8 has no fallback).
+  constexpr int64_t kMaxStride = int64_t{1} << 39;
+  struct Strided {
+    const char* name;
+    int64_t rows, heads, batch_stride, row_stride, head_stride;
+  };
+  const Strided tensors[] = {{"q", p.seqlen_q, p.num_heads, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
+                             {"k", p.seqlen_k, p.num_heads_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+                             {"v", p.seqlen_k, p.num_heads_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
+  for (const Strided& t : tensors) {
+    const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
+        {"batch", {p.batch, t.batch_stride}}, {"row", {t.rows, t.row_stride}}, {"head", {t.heads, t.head_stride}}};
+    for (const auto& [which, ns] : dims) {
+      if (ns.first > 1 && (ns.second <= 0 || ns.second >= kMaxStride)) {
+        return std::string(t.name) + ": expected the " + which + " stride in (0, 2^39) elements for e4m3 on cuda " +
+               "(TMA maps; broadcast heads or rows need a copy), got " + std::to_string(ns.second);
+      }
+    }
+  }
+  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) {
+    return "q: expected fewer than 2^31 rows for e4m3 on cuda (TMA coordinates), got seqlen_q " +
+           std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
+  }
+  return check_fp8_descales(p);
 #endif
 }
 
@@ -295,8 +372,6 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16 && p.dtype != DType::e4m3) {
     return std::string("q: expected fp16, bf16 or e4m3 on cuda, got ") + dtype_name(p.dtype) + " (convert first)";
   }
-  if (p.dtype == DType::e4m3)
-    if (auto r = check_fp8(p, pass)) return r;
   if (p.head_dim % 8 != 0 || p.head_dim > 256) {
     return "head_dim: expected a multiple of 8 up to 256 on cuda, got " + std::to_string(p.head_dim);
   }
@@ -358,6 +433,8 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
     return std::string("lse: expected a float32 pointer aligned to 4 bytes, got address ") +
            std::to_string(reinterpret_cast<std::uintptr_t>(p.lse));
   }
+  // Last: its checks read the device (the current one, which the pointers above were checked on).
+  if (p.dtype == DType::e4m3) return check_fp8(p, pass);
   return std::nullopt;
 }
 

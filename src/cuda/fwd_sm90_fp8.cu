@@ -62,7 +62,13 @@ void launch_fwd_sm90_fp8(const FwdParams& p0, int batch, int max_seqlen_q, int64
   p.vt_cols = (int64_t(p.seqlen_k) + 127) / 128 * 128;
   StreamBuffer vt;
   vt.stream = cuda_stream;
-  FA_CUDA_CHECK(cudaMallocAsync(&vt.ptr, size_t(batch) * num_heads_k * Cfg::kHeadDim * p.vt_cols, cuda_stream));
+  const size_t bytes = size_t(batch) * num_heads_k * Cfg::kHeadDim * p.vt_cols;
+  if (const cudaError_t err = cudaMallocAsync(&vt.ptr, bytes, cuda_stream); err != cudaSuccess) {
+    vt.ptr = nullptr;
+    cudaGetLastError();  // not sticky: later launches must not report it
+    throw Error("v: the FP8 forward's transposed copy of v (its workspace) needs " + std::to_string(bytes) +
+                " bytes of device memory, cudaMallocAsync failed: " + cudaGetErrorString(err));
+  }
   fp8_transpose_v_kernel<Cfg::kHeadDim><<<dim3(unsigned(p.vt_cols / 128), unsigned(num_heads_k), unsigned(batch)), 256,
                                           0, cuda_stream>>>(p, static_cast<uint8_t*>(vt.ptr));
   FA_CUDA_CHECK(cudaGetLastError());

@@ -224,6 +224,13 @@ std::vector<GpuCase> fp8_cases() {
     c.causal = true;
     add(c);
   }
+  for (Alibi al : {Alibi::per_head, Alibi::per_batch_head}) {  // ALiBi after the descaled scores
+    ProblemConfig c = base(e4m3, 2, 203, 520, 4, 2, 128);
+    c.descale = Descale::per_head;
+    c.alibi = al;
+    c.causal = al == Alibi::per_batch_head;
+    add(c);
+  }
   {
     ProblemConfig c = base(e4m3, 2, 520, 1000, 4, 2, 128);
     c.descale = Descale::per_head;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -203,6 +204,64 @@ TEST(CudaValidation, BackwardSeqlenKBeyondTheGrid) {
 TEST(CudaValidation, BackwardSeqlenSumBeyondInt) {
   FLASHATTN_REQUIRE_GPU();
   expect_backward_refused((int64_t{1} << 31) - 40, "q: expected seqlen_q + seqlen_k < 2^31 for the CUDA backward, got 40 + ");
+}
+
+// ---- The FP8 (e4m3) forward's CUDA-side refusals (api.cu check_fp8) ----------------------------
+
+// A device copy of `values` that lives for the test (descales are read from the device).
+std::shared_ptr<float> device_floats(std::initializer_list<float> values) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, values.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, values.begin(), values.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { cudaFree(q); });
+}
+
+ProblemConfig fp8_small() {
+  ProblemConfig c = small(DType::e4m3, 128);
+  c.descale = Descale::per_tensor;
+  return c;
+}
+
+TEST(CudaValidation, Fp8DescaleNotFinite) {
+  FLASHATTN_REQUIRE_SM90();
+  int device = 0;
+  cudaGetDevice(&device);
+  for (const float bad : {std::nanf(""), INFINITY, 0.0f, -1.0f}) {
+    const std::shared_ptr<float> d = device_floats({bad});
+    expect_refused(fp8_small(),
+                   [&](AttentionParams& a, GpuProblem&) {
+                     a.k_descale = make_tensor(d.get(), DType::f32, {1}, Device::cuda, device);
+                   },
+                   "k_descale: expected finite values > 0, got ");
+  }
+}
+
+TEST(CudaValidation, Fp8DescaleProductOverflows) {
+  FLASHATTN_REQUIRE_SM90();
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::shared_ptr<float> d = device_floats({1e30f});
+  expect_refused(fp8_small(),
+                 [&](AttentionParams& a, GpuProblem&) {
+                   a.q_descale = make_tensor(d.get(), DType::f32, {1}, Device::cuda, device);
+                   a.k_descale = a.q_descale;
+                 },
+                 "q_descale: expected softmax_scale * q_descale * k_descale to be a normal float32");
+}
+
+TEST(CudaValidation, Fp8NoKeys) {
+  FLASHATTN_REQUIRE_SM90();
+  ProblemConfig c = fp8_small();
+  c.seqlen_k = 0;
+  expect_refused(c, [](AttentionParams&, GpuProblem&) {}, "k: expected at least one key for e4m3 on cuda");
+}
+
+TEST(CudaValidation, Fp8BroadcastKeyRows) {
+  FLASHATTN_REQUIRE_SM90();
+  // Stride 0 (one key row broadcast to every position) is fine for validate() and the 16-bit
+  // kernels' sm80 fallback; the FP8 kernel's TMA maps cannot take it.
+  expect_refused(fp8_small(), [](AttentionParams& a, GpuProblem&) { a.k.stride[1] = 0; },
+                 "k: expected the row stride in (0, 2^39) elements for e4m3 on cuda");
 }
 
 }  // namespace

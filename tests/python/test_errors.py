@@ -5,7 +5,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
-from flashattn import FlashAttnError, flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flashattn import (FlashAttnError, flash_attn_func, flash_attn_kvpacked_func,  # noqa: E402
+                       flash_attn_qkvpacked_func, flash_attn_varlen_func)
 
 
 def qkv(b=1, s=8, h=2, hk=2, d=16, dtype=torch.float32):
@@ -139,6 +140,24 @@ def test_varlen_max_seqlen_beyond_int64():
         flash_attn_varlen_func(q, k, v, cu, cu, 2 ** 64 + 3, 10)
     with pytest.raises(ValueError, match="max_seqlen_k"):
         flash_attn_varlen_func(q, k, v, cu, cu, 10, -2 ** 63 - 1)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8_e4m3fn")
+@pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
+def test_fp8_descales_requiring_grad_are_refused(name):
+    # The FP8 call has no backward: a trainable descale would silently get no .grad.
+    q, k, v = (torch.randn(1, 3, 2, 128).to(torch.float8_e4m3fn) for _ in range(3))
+    with pytest.raises(ValueError, match=f"{name}: gradients are not supported"):
+        flash_attn_func(q, k, v, **{name: torch.ones(1, requires_grad=True)})
+
+
+def test_packed_forms_pass_the_fp8_descales_on():
+    # The packed forms take the same keywords (the library then refuses e4m3 on the CPU by name).
+    qkv = torch.randn(1, 3, 3, 2, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(FlashAttnError, match="q: expected a CUDA tensor for e4m3"):
+        flash_attn_qkvpacked_func(qkv, q_descale=torch.ones(1))
+    with pytest.raises(FlashAttnError, match="q: expected a CUDA tensor for e4m3"):
+        flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], v_descale=torch.ones(1))
 
 
 def test_alibi_slopes_requiring_grad_are_refused():
