@@ -15,6 +15,27 @@ __host__ __device__ constexpr int fp8_vt_key(int c) {
   return 16 * (c / 16) + 2 * (r / 4) + (i & 1) + 8 * (i >> 1);
 }
 
+// The permutation, checked where it is defined: a bijection of the 32 keys, and thread t's fragment
+// bytes 4t .. 4t+3 hold the keys of its accumulator columns 2t, 2t+1 of n8 tiles 0 and 1.
+constexpr bool fp8_vt_key_is_the_fragment_order() {
+  bool seen[32] = {};
+  for (int c = 0; c < 32; ++c) {
+    const int k = fp8_vt_key(c);
+    if (k < 0 || k >= 32 || seen[k]) return false;
+    seen[k] = true;
+  }
+  for (int t = 0; t < 4; ++t)
+    for (int half = 0; half < 2; ++half) {
+      const int c = 16 * half + 4 * t;
+      const int n8 = 2 * half;  // the fragment register's two n8 tiles: 2 half and 2 half + 1
+      if (fp8_vt_key(c) != 8 * n8 + 2 * t || fp8_vt_key(c + 1) != 8 * n8 + 2 * t + 1 ||
+          fp8_vt_key(c + 2) != 8 * (n8 + 1) + 2 * t || fp8_vt_key(c + 3) != 8 * (n8 + 1) + 2 * t + 1)
+        return false;
+    }
+  return true;
+}
+static_assert(fp8_vt_key_is_the_fragment_order(), "fp8_vt_key must match pack_p's register order");
+
 // vt[b, hk, d, col] = v[b, key(col), hk, d], key(col) = 32 ⌊col / 32⌋ + fp8_vt_key(col % 32), and 0
 // past seqlen_k. One block per (128 keys, kv head, batch): v's rows in coalesced 16-byte chunks into
 // shared memory, then vt's rows out as 16-byte chunks.
