@@ -103,23 +103,44 @@ bool on_sm90() {
   return device_cc(device) == 90;
 }
 
-// Whether q, k, v (and dout in the backward) fit TMA maps: at least one row each, strides of dims
-// longer than 1 positive and below 2^40 bytes, rows below 2^31 (TMA coordinates are int32).
-bool tma_fits(const detail::Params& p, bool bwd) {
-  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;  // elements of 2 bytes: < 2^40 bytes
-  auto fits = [&](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride <= kMaxStride); };
-  const int64_t nb = p.is_varlen ? 1 : p.batch;
-  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) return false;
+// Why q, k, v (and dout in the backward) do not fit TMA maps, or nullopt when they do: at least one
+// row each, strides of dims longer than 1 positive and below 2^39 elements (2^40 bytes of 16 bits),
+// rows below 2^31 (TMA coordinates are int32). `context` goes after "expected ..." in the reason
+// (the 16-bit kernels only ask whether they fit: they fall back to sm80; FP8 reports the reason).
+std::optional<std::string> tma_misfit(const detail::Params& p, bool bwd, const char* context) {
+  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) {
+    return std::string("q: expected fewer than 2^31 rows") + context + " (TMA coordinates), got " +
+           std::to_string(p.rows_q) + " query and " + std::to_string(p.rows_k) + " key rows";
+  }
   // A tensor map needs every dim >= 1 (and a non-null base): empty q or k stay on the sm80 path,
   // whose kernels write out = 0, lse = -inf and zero gradients for them.
-  if (p.rows_q < 1 || p.rows_k < 1) return false;
-  bool ok = fits(p.rows_q, p.q_row_stride) && fits(p.num_heads, p.q_head_stride) && fits(nb, p.q_batch_stride) &&
-            fits(p.rows_k, p.k_row_stride) && fits(p.num_heads_k, p.k_head_stride) && fits(nb, p.k_batch_stride) &&
-            fits(p.rows_k, p.v_row_stride) && fits(p.num_heads_k, p.v_head_stride) && fits(nb, p.v_batch_stride);
-  if (bwd)
-    ok = ok && fits(p.rows_q, p.do_row_stride) && fits(p.num_heads, p.do_head_stride) && fits(nb, p.do_batch_stride);
-  return ok;
+  if (p.rows_q < 1) return std::string("q: expected at least one query") + context + " (TMA maps), got seqlen_q 0";
+  if (p.rows_k < 1) return std::string("k: expected at least one key") + context + " (TMA maps), got seqlen_k 0";
+  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;
+  const int64_t nb = p.is_varlen ? 1 : p.batch;
+  struct Strided {
+    const char* name;
+    int64_t rows, heads, batch_stride, row_stride, head_stride;
+  };
+  const Strided tensors[] = {
+      {"q", p.rows_q, p.num_heads, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
+      {"k", p.rows_k, p.num_heads_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+      {"v", p.rows_k, p.num_heads_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride},
+      {"dout", bwd ? p.rows_q : 0, p.num_heads, p.do_batch_stride, p.do_row_stride, p.do_head_stride}};
+  for (const Strided& t : tensors) {
+    const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
+        {"batch", {nb, t.batch_stride}}, {"row", {t.rows, t.row_stride}}, {"head", {t.heads, t.head_stride}}};
+    for (const auto& [which, ns] : dims) {
+      if (t.rows > 0 && ns.first > 1 && (ns.second <= 0 || ns.second > kMaxStride)) {
+        return std::string(t.name) + ": expected the " + which + " stride in (0, 2^39) elements" + context +
+               " (TMA maps; broadcast heads or rows need a copy), got " + std::to_string(ns.second);
+      }
+    }
+  }
+  return std::nullopt;
 }
+
+bool tma_fits(const detail::Params& p, bool bwd) { return !tma_misfit(p, bwd, ""); }
 
 // Whether the chosen bucket's Hopper forward runs this call: the device is sm_90 (the sm_90a image
 // needs exactly 9.0), it was built, the tensors fit TMA maps, and it is not forced off.
@@ -271,50 +292,46 @@ std::optional<std::string> check_fp8_descales(const detail::Params& p) {
     const char* name;
     const float* ptr;
     int64_t batch_stride, head_stride;
-    std::vector<float> host;  // [b * nh + h]
+    std::vector<float> raw;  // the span the strides cover
   };
   Descale d[3] = {{"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, {}},
                   {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, {}},
                   {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, {}}};
+  // Every (b, h) element, wherever the strides put it: copy the span they cover (one wait for all
+  // three), then pick.
   for (Descale& x : d) {
-    x.host.assign(static_cast<size_t>(nb * nh), 1.0f);
     if (x.ptr == nullptr) continue;
-    // Every (b, h) element, wherever the strides put it: copy the span they cover, then pick.
-    const int64_t span = (nb - 1) * x.batch_stride + (nh - 1) * x.head_stride + 1;
-    std::vector<float> raw(static_cast<size_t>(span));
-    FA_CUDA_CHECK(cudaMemcpyAsync(raw.data(), x.ptr, raw.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t h = 0; h < nh; ++h) {
-        const float v = raw[static_cast<size_t>(b * x.batch_stride + h * x.head_stride)];
-        if (!(std::isfinite(v) && v > 0.0f)) {
-          return std::string(x.name) + ": expected finite values > 0, got " + std::to_string(v) + " at [" +
-                 std::to_string(b) + ", " + std::to_string(h) + "]";
-        }
-        x.host[static_cast<size_t>(b * nh + h)] = v;
-      }
+    x.raw.resize(static_cast<size_t>((nb - 1) * x.batch_stride + (nh - 1) * x.head_stride + 1));
+    FA_CUDA_CHECK(cudaMemcpyAsync(x.raw.data(), x.ptr, x.raw.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
   }
-  for (int64_t i = 0; i < nb * nh; ++i) {
-    const double scale = double(p.softmax_scale) * d[0].host[size_t(i)] * d[1].host[size_t(i)];
-    const double ratio = p.softcap > 0.0f ? scale / p.softcap : scale;
-    for (double x : {scale, ratio}) {
-      const double a = std::fabs(x);
-      if (!(a >= double(FLT_MIN) && a <= double(FLT_MAX))) {
-        return "q_descale: expected softmax_scale * q_descale * k_descale" +
-               std::string(p.softcap > 0.0f ? " (and it / softcap)" : "") +
-               " to be a normal float32, got " + std::to_string(x) + " at [" + std::to_string(i / nh) + ", " +
-               std::to_string(i % nh) + "] (softmax_scale " + std::to_string(p.softmax_scale) + ")";
+  FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t h = 0; h < nh; ++h) {
+      auto at = [&] { return " at [" + std::to_string(b) + ", " + std::to_string(h) + "]"; };
+      float v[3];
+      for (int i = 0; i < 3; ++i) {
+        v[i] = d[i].ptr ? d[i].raw[static_cast<size_t>(b * d[i].batch_stride + h * d[i].head_stride)] : 1.0f;
+        if (!(std::isfinite(v[i]) && v[i] > 0.0f))
+          return std::string(d[i].name) + ": expected finite values > 0, got " + std::to_string(v[i]) + at();
+      }
+      const double scale = double(p.softmax_scale) * v[0] * v[1];
+      const double ratio = p.softcap > 0.0f ? scale / p.softcap : scale;
+      for (double x : {scale, ratio}) {
+        const double a = std::fabs(x);
+        if (!(a >= double(FLT_MIN) && a <= double(FLT_MAX))) {
+          return "q_descale: expected softmax_scale * q_descale * k_descale" +
+                 std::string(p.softcap > 0.0f ? " (and it / softcap)" : "") + " to be a normal float32, got " +
+                 std::to_string(x) + at() + " (softmax_scale " + std::to_string(p.softmax_scale) + ")";
+        }
       }
     }
-  }
   return std::nullopt;
 }
 
-// What the FP8 (e4m3) forward needs beyond validate()'s checks: this build's and this device's
-// Hopper kernels, the one head_dim it ships, batched tensors that fit TMA maps, sane descales.
-std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
-  if (pass == Pass::backward)
-    return std::string("q: expected fp16 or bf16 for the backward on cuda (e4m3 has a forward pass only), got e4m3");
+// What the FP8 (e4m3) forward needs beyond validate()'s checks (which already refuse its backward,
+// varlen, head_dims other than 128 and an out that is not bf16): this build's and this device's
+// Hopper kernels, tensors that fit TMA maps, sane descales.
+std::optional<std::string> check_fp8(const detail::Params& p) {
 #ifndef FLASHATTN_CUDA_FWD_SM90_FP8
   return std::string("q: expected a build with the sm_90a kernels for e4m3 (FLASHATTN_CUDA_ARCHS with 90a), got one "
                      "without");
@@ -325,41 +342,9 @@ std::optional<std::string> check_fp8(const detail::Params& p, Pass pass) {
     return "q: expected an sm_90 GPU for e4m3 (Hopper's FP8 tensor cores) on cuda, got compute capability " +
            std::to_string(device_cc(device) / 10) + "." + std::to_string(device_cc(device) % 10);
   }
-  if (p.head_dim != 128 || p.head_dim_v != 128) {
-    return "head_dim: expected 128 (and head_dim_v 128) for e4m3 on cuda, got " + std::to_string(p.head_dim) + " and " +
-           std::to_string(p.head_dim_v);
-  }
-  if (p.is_varlen)
-    return std::string("cu_seqlens_q: expected none for e4m3 (batched only) on cuda, got a variable-length batch");
-  if (p.out_dtype != DType::bf16) return std::string("out: expected bf16 for e4m3 inputs, got ") + dtype_name(p.out_dtype);
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return std::nullopt;  // nothing to compute or write
-  if (p.seqlen_k == 0) {
-    return std::string("k: expected at least one key for e4m3 on cuda (its kernel reads k and v through TMA maps), "
-                       "got seqlen_k 0");
-  }
-  // The TMA maps' strides (the 16-bit kernels fall back to sm80 where these fail; FP8 has no fallback).
-  constexpr int64_t kMaxStride = int64_t{1} << 39;
-  struct Strided {
-    const char* name;
-    int64_t rows, heads, batch_stride, row_stride, head_stride;
-  };
-  const Strided tensors[] = {{"q", p.seqlen_q, p.num_heads, p.q_batch_stride, p.q_row_stride, p.q_head_stride},
-                             {"k", p.seqlen_k, p.num_heads_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
-                             {"v", p.seqlen_k, p.num_heads_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
-  for (const Strided& t : tensors) {
-    const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
-        {"batch", {p.batch, t.batch_stride}}, {"row", {t.rows, t.row_stride}}, {"head", {t.heads, t.head_stride}}};
-    for (const auto& [which, ns] : dims) {
-      if (ns.first > 1 && (ns.second <= 0 || ns.second >= kMaxStride)) {
-        return std::string(t.name) + ": expected the " + which + " stride in (0, 2^39) elements for e4m3 on cuda " +
-               "(TMA maps; broadcast heads or rows need a copy), got " + std::to_string(ns.second);
-      }
-    }
-  }
-  if (p.rows_q >= (int64_t{1} << 31) || p.rows_k >= (int64_t{1} << 31)) {
-    return "q: expected fewer than 2^31 rows for e4m3 on cuda (TMA coordinates), got seqlen_q " +
-           std::to_string(p.seqlen_q) + ", seqlen_k " + std::to_string(p.seqlen_k);
-  }
+  // The 16-bit kernels fall back to sm80 where the TMA maps do not fit; FP8 has no fallback.
+  if (auto r = tma_misfit(p, false, " for e4m3 on cuda")) return r;
   return check_fp8_descales(p);
 #endif
 }
@@ -434,7 +419,7 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
            std::to_string(reinterpret_cast<std::uintptr_t>(p.lse));
   }
   // Last: its checks read the device (the current one, which the pointers above were checked on).
-  if (p.dtype == DType::e4m3) return check_fp8(p, pass);
+  if (p.dtype == DType::e4m3) return check_fp8(p);
   return std::nullopt;
 }
 
