@@ -163,11 +163,13 @@ struct Extent {
   uintptr_t lo = 0, hi = 0;
 };
 
+// (A size-1 dim adds nothing whatever its stride; check_tensor() made a longer last dim's stride 1,
+// and the FP8 descales may have any non-negative last stride.)
 Extent extent(const TensorView& t) {
   Extent e;
   if (!t.defined() || t.numel() == 0) return e;
   int64_t max_offset = 0;
-  for (int32_t d = 0; d < t.ndim; ++d) max_offset += (t.shape[d] - 1) * (d == t.ndim - 1 ? 1 : t.stride[d]);
+  for (int32_t d = 0; d < t.ndim; ++d) max_offset += (t.shape[d] - 1) * t.stride[d];
   e.lo = reinterpret_cast<uintptr_t>(t.data);
   e.hi = e.lo + static_cast<uintptr_t>(max_offset + 1) * dtype_size(t.dtype);
   return e;
@@ -175,13 +177,16 @@ Extent extent(const TensorView& t) {
 
 // An output whose memory overlaps an input's would be read after being written (the backends
 // stream through their inputs while writing).
-void check_no_alias(const char* out_name, const TensorView& out, const char* in_name, const TensorView& in) {
-  const Extent a = extent(out), b = extent(in);
+void check_disjoint(const char* out_name, const Extent& a, const char* in_name, const Extent& b) {
   if (a.lo == a.hi || b.lo == b.hi) return;
   if (a.lo < b.hi && b.lo < a.hi) {
     fail(std::string(out_name) + ": expected memory disjoint from " + in_name +
          " (an output must not alias an input), got overlapping byte ranges");
   }
+}
+
+void check_no_alias(const char* out_name, const TensorView& out, const char* in_name, const TensorView& in) {
+  check_disjoint(out_name, extent(out), in_name, extent(in));
 }
 
 // An output written through strides that reach one element from two indices would be written
@@ -314,18 +319,11 @@ void check_descale(const char* name, const TensorView& t, const TensorView& q, i
   }
 }
 
-// Byte range of a checked descale (its strides need not have a contiguous last dimension).
+// Byte range of a checked descale: extent()'s, and one float for rank 0 with data (one value).
 Extent descale_extent(const TensorView& t) {
-  Extent e;
-  if (!descale_given(t) || t.data == nullptr) return e;
-  int64_t max_offset = 0;
-  for (int32_t d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] == 0) return e;
-    max_offset += (t.shape[d] - 1) * t.stride[d];
-  }
-  e.lo = reinterpret_cast<uintptr_t>(t.data);
-  e.hi = e.lo + static_cast<uintptr_t>(max_offset + 1) * 4;
-  return e;
+  if (t.ndim != 0 || t.data == nullptr) return extent(t);
+  const auto lo = reinterpret_cast<uintptr_t>(t.data);
+  return {lo, lo + sizeof(float)};
 }
 
 void check_max_seqlen(const char* name, int64_t hint, int64_t real_max) {
@@ -748,11 +746,7 @@ Params validate(const AttentionParams& a, Pass pass) {
         for (const Named& i : inputs_fwd) check_no_alias(o.name, *o.t, i.name, *i.t);
         for (const Named& i : {Named{"q_descale", &a.q_descale}, Named{"k_descale", &a.k_descale},
                                Named{"v_descale", &a.v_descale}}) {
-          const Extent eo = extent(*o.t), ei = descale_extent(*i.t);
-          if (eo.lo != eo.hi && ei.lo != ei.hi && eo.lo < ei.hi && ei.lo < eo.hi) {
-            fail(std::string(o.name) + ": expected memory disjoint from " + i.name +
-                 " (an output must not alias an input), got overlapping byte ranges");
-          }
+          check_disjoint(o.name, extent(*o.t), i.name, descale_extent(*i.t));
         }
       }
     } else {
