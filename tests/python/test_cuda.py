@@ -138,7 +138,7 @@ def test_fp8_forward_matches_float64_on_the_dequantized_inputs(descale, causal):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=0.05 * ref.abs().max().item())
     # Hopper's FP8 tensor cores accumulate with ~14 mantissa bits (DeepSeek-V3 report, Sec. 3.3.2):
     # a score may move by ~2^-13 of its scaled Σ|q_d k_d|, and lse (a smooth max) by as much; 2^-12
-    # of the largest leaves a factor 2 (the C++ suite's fp8_score_accumulation_bound()).
+    # of the largest leaves a factor 2 (as the C++ suite's fp8_emulated_forward() bound).
     acc_bound = 2.0 ** -12 * (torch.einsum("bihd,bjhd->bhij", qd.abs(), kd.abs()) / d ** 0.5).max().item()
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4 + acc_bound)
 

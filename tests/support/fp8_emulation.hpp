@@ -41,16 +41,21 @@ inline int64_t e4m3_extent(int64_t batch, int64_t rows, int64_t heads, int64_t d
   return (batch - 1) * bs + (rows - 1) * rs + (heads - 1) * hs + dim;
 }
 
-inline void fp8_emulated_forward(const detail::Params& p, double* out, double* lse) {
+//
+// Returns what the FP8 tensor cores' accumulation may add to any score: Hopper's FP8 wgmma keeps
+// about 14 mantissa bits in its accumulator, not float32's 24 (DeepSeek-V3 technical report, 2024,
+// Sec. 3.3.2, measured on H800), so a score may be off by ~2^-13 of Σ_d |q_d k_d| (scaled), where
+// the emulation rounds an exact dot product once. The value is 2^-12 (a factor 2 of margin) times
+// the largest scaled Σ_d |q_d k_d| over every (row, visible key): a bound on what that does to lse
+// (a smooth max of the scores moves by at most the largest score change; softcap's tanh only
+// shrinks changes).
+inline double fp8_emulated_forward(const detail::Params& p, double* out, double* lse) {
   const DecodedE4m3 dq(p.q, e4m3_extent(p.batch, p.seqlen_q, p.num_heads, p.head_dim, p.q_batch_stride,
                                         p.q_row_stride, p.q_head_stride));
   const DecodedE4m3 dk(p.k, e4m3_extent(p.batch, p.seqlen_k, p.num_heads_k, p.head_dim, p.k_batch_stride,
                                         p.k_row_stride, p.k_head_stride));
   const DecodedE4m3 dv(p.v, e4m3_extent(p.batch, p.seqlen_k, p.num_heads_k, p.head_dim_v, p.v_batch_stride,
                                         p.v_row_stride, p.v_head_stride));
-  auto load = [&](const void* base, int64_t offset) {
-    return base == p.q ? dq[offset] : base == p.k ? dk[offset] : dv[offset];
-  };
   auto descale = [&](const float* ptr, int64_t bs, int64_t hs, int64_t b, int64_t hk) {
     return ptr ? ptr[b * bs + hk * hs] : 1.0f;
   };
@@ -58,6 +63,7 @@ inline void fp8_emulated_forward(const detail::Params& p, double* out, double* l
   const int64_t total_q = p.batch * p.seqlen_q;  // batched only (the FP8 forward has no varlen)
   std::vector<float> s, prob;
   std::vector<double> acc(static_cast<size_t>(p.head_dim_v));
+  double worst = 0.0;  // the largest scaled Σ_d |q_d k_d|
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.num_heads; ++h) {
       const int64_t hk = h / group;
@@ -65,6 +71,7 @@ inline void fp8_emulated_forward(const detail::Params& p, double* out, double* l
       const float kd = descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
       const float vd = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, b, hk);
       const float scale = p.softmax_scale * qd * kd;
+      const double abs_scale = std::fabs(double(p.softmax_scale) * qd * kd);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const int64_t row = b * p.seqlen_q + i;
         double* o = out + (row * p.num_heads + h) * p.head_dim_v;
@@ -79,8 +86,12 @@ inline void fp8_emulated_forward(const detail::Params& p, double* out, double* l
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t j = kr.lo; j < kr.hi; ++j) {
           const int64_t k0 = b * p.k_batch_stride + j * p.k_row_stride + hk * p.k_head_stride;
-          double dot = 0.0;
-          for (int64_t d = 0; d < p.head_dim; ++d) dot += load(p.q, q0 + d) * load(p.k, k0 + d);
+          double dot = 0.0, abs_dot = 0.0;
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            dot += dq[q0 + d] * dk[k0 + d];
+            abs_dot += std::fabs(dq[q0 + d] * dk[k0 + d]);
+          }
+          worst = std::max(worst, abs_scale * abs_dot);
           float x = static_cast<float>(dot) * scale;
           if (p.softcap > 0.0f) x = p.softcap * std::tanh(x / p.softcap);
           x += detail::alibi_bias(p, b, h, i, j, p.seqlen_q, p.seqlen_k);
@@ -98,48 +109,12 @@ inline void fp8_emulated_forward(const detail::Params& p, double* out, double* l
         for (int64_t j = kr.lo; j < kr.hi; ++j) {
           const double pj = prob[static_cast<size_t>(j - kr.lo)];
           const int64_t v0 = b * p.v_batch_stride + j * p.v_row_stride + hk * p.v_head_stride;
-          for (int64_t d = 0; d < p.head_dim_v; ++d) acc[static_cast<size_t>(d)] += pj * load(p.v, v0 + d);
+          for (int64_t d = 0; d < p.head_dim_v; ++d) acc[static_cast<size_t>(d)] += pj * dv[v0 + d];
         }
         const float norm = vd / l;
         for (int64_t d = 0; d < p.head_dim_v; ++d)
           o[d] = round_to(DType::bf16, static_cast<float>(acc[static_cast<size_t>(d)]) * norm);
         lse[h * total_q + row] = static_cast<float>(m + std::log(l));
-      }
-    }
-}
-
-// What the FP8 tensor cores' accumulation may add to any score: Hopper's FP8 wgmma keeps about 14
-// mantissa bits in its accumulator, not float32's 24 (DeepSeek-V3 technical report, 2024, Sec. 3.3.2,
-// measured on H800), so a score may be off by ~2^-13 of Σ_d |q_d k_d| (scaled), where the emulation
-// above rounds an exact dot product once. Returns 2^-12 (a factor 2 of margin) times the largest
-// scaled Σ_d |q_d k_d| over every (row, visible key): a bound on what that does to lse (a smooth max
-// of the scores moves by at most the largest score change; softcap's tanh only shrinks changes).
-inline double fp8_score_accumulation_bound(const detail::Params& p) {
-  const DecodedE4m3 dq(p.q, e4m3_extent(p.batch, p.seqlen_q, p.num_heads, p.head_dim, p.q_batch_stride,
-                                        p.q_row_stride, p.q_head_stride));
-  const DecodedE4m3 dk(p.k, e4m3_extent(p.batch, p.seqlen_k, p.num_heads_k, p.head_dim, p.k_batch_stride,
-                                        p.k_row_stride, p.k_head_stride));
-  auto load = [&](const void* base, int64_t offset) { return std::fabs(base == p.q ? dq[offset] : dk[offset]); };
-  auto descale = [&](const float* ptr, int64_t bs, int64_t hs, int64_t b, int64_t hk) {
-    return ptr ? ptr[b * bs + hk * hs] : 1.0f;
-  };
-  const int64_t group = p.num_heads / p.num_heads_k;
-  double worst = 0.0;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.num_heads; ++h) {
-      const int64_t hk = h / group;
-      const double scale = std::fabs(double(p.softmax_scale) *
-                                     descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, hk) *
-                                     descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk));
-      for (int64_t i = 0; i < p.seqlen_q; ++i) {
-        const detail::KeyRange kr = detail::visible_keys(p, i, p.seqlen_q, p.seqlen_k);
-        const int64_t q0 = b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride;
-        for (int64_t j = kr.lo; j < kr.hi; ++j) {
-          const int64_t k0 = b * p.k_batch_stride + j * p.k_row_stride + hk * p.k_head_stride;
-          double sum = 0.0;
-          for (int64_t d = 0; d < p.head_dim; ++d) sum += load(p.q, q0 + d) * load(p.k, k0 + d);
-          worst = std::max(worst, scale * sum);
-        }
       }
     }
   return std::ldexp(worst, -12);
