@@ -101,10 +101,10 @@ def _check_tensors(**tensors) -> None:
             raise ValueError(f"{name}: expected a dense (strided) tensor, got layout {str(t.layout).removeprefix('torch.')}")
 
 
-_OPTIONAL_TENSORS = ("alibi_slopes", "q_descale", "k_descale", "v_descale")
+_OPTIONAL_TENSORS = ("alibi_slopes", *_ops.DESCALE_NAMES)
 
 
-def _check_alibi_slopes(alibi_slopes: Optional[Tensor], **descales: Optional[Tensor]) -> None:
+def _check_no_grad_constants(alibi_slopes: Optional[Tensor], **descales: Optional[Tensor]) -> None:
     # The backward returns no gradient for the slopes (nor for FP8 descales, whose call has no
     # backward): refuse to train them rather than leave their .grad silently unset.
     for name, t in (("alibi_slopes", alibi_slopes), *descales.items()):
@@ -174,7 +174,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                                        causal_align)
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
                    v_descale=v_descale)
-    _check_alibi_slopes(alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _check_no_grad_constants(alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     int_opts, float_opts = _ops.pack_options(0, 0, scale, causal, causal_align, left, right, softcap, deterministic)
     out, lse = _ops.attention(q, k, v, None, None, alibi_slopes, int_opts, float_opts, q_descale, k_descale,
                               v_descale)
@@ -216,7 +216,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q, cu_seqlens_k: expected int32 tensors [batch + 1], got None")
     _check_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
-    _check_alibi_slopes(alibi_slopes)
+    _check_no_grad_constants(alibi_slopes)
     int_opts, float_opts = _ops.pack_options(max_seqlen_q, max_seqlen_k, scale, causal, causal_align, left, right,
                                              softcap, deterministic)
     out, lse = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
