@@ -70,25 +70,33 @@ def ours(q, k, v, do, causal, variant=None, fwd_kernel=None, env=None):
         env["FLASHATTN_CUDA_FWD"] = fwd_kernel
     _OUR_ENV_KNOBS.update(env, {"FLASHATTN_FWD_VARIANT", "FLASHATTN_CUDA_FWD"})
 
-    def select():
-        for name in _OUR_ENV_KNOBS:
-            os.environ.pop(name, None)
-        os.environ.update(env)
-
     def fwd():
-        select()
+        _select_env(env)
         with torch.no_grad():
             return flashattn.flash_attn_func(q, k, v, causal=causal)
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    select()
+    _select_env(env)
     out = flashattn.flash_attn_func(qg, kg, vg, causal=causal)
 
     def bwd():
-        select()
+        _select_env(env)
         return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
     return fwd, bwd
+
+
+def _select_env(env):
+    """Exactly `env` among the kernel-selection variables any contender of ours has set."""
+    for name in _OUR_ENV_KNOBS:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+
+
+def _env_spec(spec):
+    """LABEL=VAR=VALUE[;VAR=VALUE] (--ours-env, --fp8-env) as (label, {VAR: VALUE})."""
+    label, _, assigns = spec.partition("=")
+    return label, dict(a.split("=", 1) for a in assigns.split(";") if a)
 
 
 def ours_fp8(q, k, v, do, causal, env=None):
@@ -107,9 +115,7 @@ def ours_fp8(q, k, v, do, causal, env=None):
     (q8, qs), (k8, ks), (v8, vs) = quant(q), quant(k), quant(v)
 
     def fwd():
-        for name in _OUR_ENV_KNOBS:
-            os.environ.pop(name, None)
-        os.environ.update(env)
+        _select_env(env)
         with torch.no_grad():
             return flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
 
@@ -224,16 +230,14 @@ def main():
         for var in [int(x) for x in args.ours_variants.split(",") if x]:
             contenders[f"ours_v{var}"] = (lambda var: lambda q, k, v, do, c: ours(q, k, v, do, c, var))(var)
         for spec in args.ours_env:
-            label, _, assigns = spec.partition("=")
-            env = dict(a.split("=", 1) for a in assigns.split(";") if a)
+            label, env = _env_spec(spec)
             contenders[f"ours_{label}"] = (lambda env: lambda q, k, v, do, c: ours(q, k, v, do, c, env=env))(env)
         if args.ours_sm80:
             contenders["ours_sm80"] = lambda q, k, v, do, c: ours(q, k, v, do, c, fwd_kernel="sm80")
         if args.fp8:
             contenders["ours_fp8"] = ours_fp8
             for spec in args.fp8_env:
-                label, _, assigns = spec.partition("=")
-                env = dict(a.split("=", 1) for a in assigns.split(";") if a)
+                label, env = _env_spec(spec)
                 contenders[f"ours_fp8_{label}"] = (lambda env: lambda q, k, v, do, c: ours_fp8(q, k, v, do, c, env=env))(env)
     except Exception as e:  # report, keep benchmarking the peers
         print(f"ours: unavailable ({e})", file=sys.stderr)
