@@ -50,25 +50,22 @@ def emit_form(name, n, nacc, ptx_type, acc_ops, a_in_registers, trans, k=16):
     ]
 
 
-def emit(tag, ptx_type, n):
+# (name, A in registers, (imm-trans-a, imm-trans-b)) of the 16-bit forms, and of the 8-bit ones (k32,
+# no transpose immediates: both operands K-major).
+FORMS_16BIT = (("ss", False, (0, 0)),  # both K-major
+               ("tt", False, (1, 1)),  # both MN-major (transposed)
+               ("st", False, (0, 1)),  # A K-major, B MN-major
+               ("rs", True, (None, 1)),  # A registers, B MN-major
+               ("rk", True, (None, 0)))  # A registers, B K-major
+FORMS_8BIT = (("ss", False, None), ("rk", True, None))
+
+
+def emit(tag, ptx_type, n, forms=FORMS_16BIT, k=16):
     nacc = n // 2
     acc_ops = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
     out = [f"template <>\nstruct Wgmma<{tag}, {n}> {{"]
-    out += emit_form("ss", n, nacc, ptx_type, acc_ops, False, (0, 0))  # both K-major
-    out += emit_form("tt", n, nacc, ptx_type, acc_ops, False, (1, 1))  # both MN-major (transposed)
-    out += emit_form("st", n, nacc, ptx_type, acc_ops, False, (0, 1))  # A K-major, B MN-major
-    out += emit_form("rs", n, nacc, ptx_type, acc_ops, True, (None, 1))  # A registers, B MN-major
-    out += emit_form("rk", n, nacc, ptx_type, acc_ops, True, (None, 0))  # A registers, B K-major
-    out.append("};\n")
-    return "\n".join(out)
-
-
-def emit_8bit(tag, ptx_type, n):
-    nacc = n // 2
-    acc_ops = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
-    out = [f"template <>\nstruct Wgmma<{tag}, {n}> {{"]
-    out += emit_form("ss", n, nacc, ptx_type, acc_ops, False, None, k=32)  # both K-major
-    out += emit_form("rk", n, nacc, ptx_type, acc_ops, True, None, k=32)  # A registers, B K-major
+    for name, a_in_registers, trans in forms:
+        out += emit_form(name, n, nacc, ptx_type, acc_ops, a_in_registers, trans, k=k)
     out.append("};\n")
     return "\n".join(out)
 
@@ -81,7 +78,7 @@ def main():
             print(emit(tag, ptx, n))
     for tag, ptx in TYPES_8BIT:
         for n in NS_8BIT:
-            print(emit_8bit(tag, ptx, n))
+            print(emit(tag, ptx, n, FORMS_8BIT, k=32))
 
 
 if __name__ == "__main__":
