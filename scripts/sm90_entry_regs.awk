@@ -9,10 +9,12 @@
   if ($0 ~ /(fwd|bwd)_sm90(_[a-z0-9]+)?_kernel/ && $0 ~ /'sm_90a'/) {
     name = $0
     threads = 384
-    if (match($0, /FwdSm90ConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+EE/)) {
+    # FwdSm90Config<head_dim, block_n, stages, block_m, elem_bytes>: block_m is the fourth
+    # argument whether or not the fifth (defaulted) one is spelled out in the mangled name.
+    if (match($0, /FwdSm90ConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+E/)) {
       cfg = substr($0, RSTART, RLENGTH)
-      n = split(cfg, parts, "ELi")
-      block_m = parts[n] + 0  # "192EE" -> 192
+      split(cfg, parts, "ELi")
+      block_m = parts[4] + 0  # "192E" -> 192
       threads = 128 * (1 + block_m / 64)
     }
     want = int(int(65536 / threads) / 8) * 8
