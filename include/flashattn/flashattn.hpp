@@ -142,10 +142,11 @@ struct AttentionParams {
   // float32 dequantization factors, on q's device, each either [batch, num_heads_k] (any strides,
   // 0 broadcasts) or a single value for the whole tensor (rank 0 with data, or rank 1 of size 1).
   // Not given (data == nullptr, ndim == 0) = 1. Query head h uses KV head h / (num_heads / num_heads_k).
-  // Given with q not e4m3: Error naming the argument. The CUDA backend reads the values once per call
-  // (a synchronizing copy, skipped under stream capture): each must be finite and > 0, and
-  // softmax_scale · q_descale · k_descale (/ softcap when on) a normal float32, else Error naming
-  // q_descale (or the one at fault). The call also takes a workspace of batch · num_heads_k · 128 ·
+  // Given with q not e4m3: Error naming the argument. The values are read by the kernel, not on the
+  // host (that would synchronize every call, as FlashAttention-3 and cuDNN do not either): a (batch,
+  // kv head) whose descales are not finite and > 0, or whose softmax_scale · q_descale · k_descale
+  // (/ softcap when on) is not a normal float32, gets NaN in every out and lse element of its query
+  // heads; no finite result is computed from them. The call also takes a workspace of batch · num_heads_k · 128 ·
   // round_up(seqlen_k, 128) bytes (Vᵀ: FP8 wgmma reads both operands K-major) with cudaMallocAsync
   // on the stream; Error naming v when it cannot.
   TensorView q_descale, k_descale, v_descale;

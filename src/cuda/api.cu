@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
-#include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <optional>
@@ -280,57 +278,10 @@ Lengths varlen_lengths(const detail::Params& p) {
   return {q.max_len, k.max_len, ""};
 }
 
-// The descale values of an e4m3 call, read from the device (they scale every score and every output,
-// and validate() sees only their layout): each finite and > 0, and softmax_scale · q_descale ·
-// k_descale a normal float32 (/ softcap too when it is on), so that no NaN or inf comes out as a
-// result. Skipped under stream capture, where a synchronizing copy is illegal (as for cu_seqlens).
-std::optional<std::string> check_fp8_descales(const detail::Params& p) {
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (stream_capturing(stream)) return std::nullopt;
-  const int64_t nb = p.batch, nh = p.num_heads_k;
-  struct Descale {
-    const char* name;
-    const float* ptr;
-    int64_t batch_stride, head_stride;
-    std::vector<float> raw;  // the span the strides cover
-  };
-  Descale d[3] = {{"q_descale", p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, {}},
-                  {"k_descale", p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, {}},
-                  {"v_descale", p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, {}}};
-  // Every (b, h) element, wherever the strides put it: copy the span they cover (one wait for all
-  // three), then pick.
-  for (Descale& x : d) {
-    if (x.ptr == nullptr) continue;
-    x.raw.resize(static_cast<size_t>((nb - 1) * x.batch_stride + (nh - 1) * x.head_stride + 1));
-    FA_CUDA_CHECK(cudaMemcpyAsync(x.raw.data(), x.ptr, x.raw.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  }
-  FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t h = 0; h < nh; ++h) {
-      auto at = [&] { return " at [" + std::to_string(b) + ", " + std::to_string(h) + "]"; };
-      float v[3];
-      for (int i = 0; i < 3; ++i) {
-        v[i] = d[i].ptr ? d[i].raw[static_cast<size_t>(b * d[i].batch_stride + h * d[i].head_stride)] : 1.0f;
-        if (!(std::isfinite(v[i]) && v[i] > 0.0f))
-          return std::string(d[i].name) + ": expected finite values > 0, got " + std::to_string(v[i]) + at();
-      }
-      const double scale = double(p.softmax_scale) * v[0] * v[1];
-      const double ratio = p.softcap > 0.0f ? scale / p.softcap : scale;
-      for (double x : {scale, ratio}) {
-        const double a = std::fabs(x);
-        if (!(a >= double(FLT_MIN) && a <= double(FLT_MAX))) {
-          return "q_descale: expected softmax_scale * q_descale * k_descale" +
-                 std::string(p.softcap > 0.0f ? " (and it / softcap)" : "") + " to be a normal float32, got " +
-                 std::to_string(x) + at() + " (softmax_scale " + std::to_string(p.softmax_scale) + ")";
-        }
-      }
-    }
-  return std::nullopt;
-}
-
 // What the FP8 (e4m3) forward needs beyond validate()'s checks (which already refuse its backward,
 // varlen, head_dims other than 128 and an out that is not bf16): this build's and this device's
-// Hopper kernels, tensors that fit TMA maps, sane descales.
+// Hopper kernels, tensors that fit TMA maps. The descale values are not read on the host (a
+// synchronizing copy per call): the kernel turns a head with bad ones into NaN (fwd_sm90_tma_wgmma.cuh).
 std::optional<std::string> check_fp8(const detail::Params& p) {
 #ifndef FLASHATTN_CUDA_FWD_SM90_FP8
   return std::string("q: expected a build with the sm_90a kernels for e4m3 (FLASHATTN_CUDA_ARCHS with 90a), got one "
@@ -344,8 +295,7 @@ std::optional<std::string> check_fp8(const detail::Params& p) {
   }
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return std::nullopt;  // nothing to compute or write
   // The 16-bit kernels fall back to sm80 where the TMA maps do not fit; FP8 has no fallback.
-  if (auto r = tma_misfit(p, false, " for e4m3 on cuda")) return r;
-  return check_fp8_descales(p);
+  return tma_misfit(p, false, " for e4m3 on cuda");
 #endif
 }
 

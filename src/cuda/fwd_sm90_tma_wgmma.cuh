@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -259,6 +260,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool modified = kFp8 ? p.softcap > 0.f || p.alibi_slopes != nullptr || score_scale < 0.f : modified_all;
       const float scale_log2 = kFp8 ? (modified ? kLog2e : score_scale * kLog2e) : scale_log2_all;
       const float v_scale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
+      // FP8: descales are read here, not on the host (a synchronizing copy per call cost 12-30 % of
+      // the FP8 forward's time, perf-notes). A head whose descales are not finite and > 0, or whose
+      // score scale (/ softcap) is not a normal float32, gets NaN in out and lse: never a finite
+      // result computed from them (flashattn.hpp, AttentionParams::q_descale).
+      bool bad_descale = false;
+      if constexpr (kFp8) {
+        const float qd = descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride);
+        const float kd = descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+        auto positive = [](float x) { return x > 0.f && x <= FLT_MAX; };
+        auto normal = [](float x) { return fabsf(x) >= FLT_MIN && fabsf(x) <= FLT_MAX; };
+        bad_descale = !(positive(qd) && positive(kd) && positive(v_scale) && normal(score_scale) &&
+                        (p.softcap <= 0.f || normal(score_scale / p.softcap)));
+      }
       float o[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -522,7 +536,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float l = quad_sum(row_sum[hr]);
-        const float inv = l > 0.f ? v_scale / l : 0.f;
+        const float inv = bad_descale ? NAN : l > 0.f ? v_scale / l : 0.f;
         const int row = row0 + hr * 8;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
@@ -530,7 +544,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           *reinterpret_cast<uint32_t*>(smem_o + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
         }
         if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
-          const float lse = l > 0.f ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2 : -INFINITY;
+          const float lse = bad_descale ? NAN
+                            : l > 0.f  ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2
+                                       : -INFINITY;
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
       }

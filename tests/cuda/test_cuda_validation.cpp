@@ -8,6 +8,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu_test_support.hpp"
 
@@ -222,31 +223,55 @@ ProblemConfig fp8_small() {
   return c;
 }
 
-TEST(CudaValidation, Fp8DescaleNotFinite) {
-  FLASHATTN_REQUIRE_SM90();
+// Descale values are read by the kernel, not on the host (a synchronizing copy per call): a (batch,
+// kv head) whose descales are not finite and > 0, or whose softmax_scale · q_descale · k_descale
+// (/ softcap) is not a normal float32, gets NaN in every out and lse element of its query heads,
+// and the other heads their usual finite result. `which` is the descale (0 q, 1 k, 2 v) that
+// carries `bad` at [1, 0] of a [batch = 2, num_heads_k = 2] tensor; `both_qk` puts it in q's and k's.
+void expect_fp8_head_nan(int which, float bad, bool both_qk = false, float softcap = 0.f) {
   int device = 0;
   cudaGetDevice(&device);
-  for (const float bad : {std::nanf(""), INFINITY, 0.0f, -1.0f}) {
-    const std::shared_ptr<float> d = device_floats({bad});
-    expect_refused(fp8_small(),
-                   [&](AttentionParams& a, GpuProblem&) {
-                     a.k_descale = make_tensor(d.get(), DType::f32, {1}, Device::cuda, device);
-                   },
-                   "k_descale: expected finite values > 0, got ");
+  ProblemConfig c = fp8_small();
+  c.num_heads = 4;  // two query heads per kv head: both of kv head 0 get NaN
+  Problem pr(c, fresh_seed());
+  GpuProblem g(pr, GpuLayout::contiguous);
+  AttentionParams a = g.params();
+  a.softcap = softcap;
+  const std::shared_ptr<float> good = device_floats({0.5f, 0.75f, 1.25f, 2.0f});
+  const std::shared_ptr<float> marked = device_floats({0.5f, 0.75f, bad, 2.0f});
+  TensorView* d[3] = {&a.q_descale, &a.k_descale, &a.v_descale};
+  for (int i = 0; i < 3; ++i) {
+    const bool is_bad = i == which || (both_qk && i < 2);
+    *d[i] = make_tensor(is_bad ? marked.get() : good.get(), DType::f32, {2, 2}, Device::cuda, device);
   }
+  ASSERT_NO_THROW(forward(a));
+  const std::vector<double> out = g.out.to_dense(), lse = g.lse.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  EXPECT_TRUE(g.lse.all_written("lse"));
+  const int64_t sq = c.seqlen_q, h = c.num_heads, dv = c.head_dim;
+  int64_t wrong = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t hq = 0; hq < h; ++hq) {
+      const bool nan_head = b == 1 && hq / 2 == 0;
+      for (int64_t r = 0; r < sq; ++r) {
+        wrong += std::isnan(lse[(b * h + hq) * sq + r]) != nan_head;
+        for (int64_t x = 0; x < dv; ++x) wrong += std::isnan(out[((b * sq + r) * h + hq) * dv + x]) != nan_head;
+      }
+    }
+  EXPECT_EQ(wrong, 0) << "elements whose NaN-ness does not match their head's descales (bad = " << bad << ")";
 }
 
-TEST(CudaValidation, Fp8DescaleProductOverflows) {
+TEST(CudaValidation, Fp8DescaleNotFiniteGivesNaNHead) {
   FLASHATTN_REQUIRE_SM90();
-  int device = 0;
-  cudaGetDevice(&device);
-  const std::shared_ptr<float> d = device_floats({1e30f});
-  expect_refused(fp8_small(),
-                 [&](AttentionParams& a, GpuProblem&) {
-                   a.q_descale = make_tensor(d.get(), DType::f32, {1}, Device::cuda, device);
-                   a.k_descale = a.q_descale;
-                 },
-                 "q_descale: expected softmax_scale * q_descale * k_descale to be a normal float32");
+  for (const float bad : {std::nanf(""), INFINITY, 0.0f, -1.0f})
+    for (int which = 0; which < 3; ++which) expect_fp8_head_nan(which, bad);
+}
+
+TEST(CudaValidation, Fp8DescaleProductOverflowGivesNaNHead) {
+  FLASHATTN_REQUIRE_SM90();
+  expect_fp8_head_nan(0, 1e30f, /*both_qk=*/true);                    // 1e60 · softmax_scale
+  expect_fp8_head_nan(0, 1e-30f, /*both_qk=*/true);                   // below FLT_MIN
+  expect_fp8_head_nan(0, 1e-17f, /*both_qk=*/true, /*softcap=*/1e3f);  // normal, but / softcap is not
 }
 
 TEST(CudaValidation, Fp8NoKeys) {
