@@ -420,8 +420,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
-              const float p0 = fast_exp2(s[4 * j + 2 * hr] * scale_log2 - pbase);
-              const float p1 = fast_exp2(s[4 * j + 2 * hr + 1] * scale_log2 - pbase);
+              constexpr int kEvery = Cfg::kExp2PolyEvery;
+              const bool fma_pipe = kEvery > 0 && j % (kEvery > 0 ? kEvery : 1) == kEvery - 1;
+              const float x0 = s[4 * j + 2 * hr] * scale_log2 - pbase;
+              const float x1 = s[4 * j + 2 * hr + 1] * scale_log2 - pbase;
+              const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
+              const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
               s[4 * j + 2 * hr] = p0;
               s[4 * j + 2 * hr + 1] = p1;
               sum += p0 + p1;

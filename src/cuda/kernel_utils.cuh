@@ -173,6 +173,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe (FlashAttention-4's exponential emulation), for x <= 2^22: 2^x = 2^j · 2^f
+// with j = floor(x) from one round-down add of 1.5 · 2^23 (whose low mantissa bits are then j), f =
+// x − j in [0, 1), 2^f as 1 + f (c1 + f (c2 + f c3)) (fitted here for relative error, max 8.6e-5),
+// and j added into the exponent field. x is clamped at −127, where the sum of the fields is +0
+// exactly (so −inf gives 0, as ex2.approx does); max.NaN keeps a NaN score NaN.
+__device__ __forceinline__ float exp2_fma(float x) {
+  float xc, t;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.f));
+  asm("add.rm.f32 %0, %1, %2;\n" : "=f"(t) : "f"(xc), "f"(12582912.f));
+  const float f = xc - (t - 12582912.f);
+  const float pf = fmaf(fmaf(fmaf(0.07706641f, f, 0.22764570f), f, 0.69511664f), f, 1.f);
+  return __int_as_float(__float_as_int(pf) + (__float_as_int(t) << 23));
+}
+
 // Shared-memory tiles of rows x kCols 16-bit elements, stored as 16-byte chunks with the chunk
 // index XORed by (row % 8): the 8 rows an ldmatrix phase reads at one logical chunk land in 8
 // different 16-byte bank groups, and so do the cp.async stores of one row. Needs kCols >= 64.
