@@ -217,7 +217,9 @@ std::vector<GpuCase> fp8_cases() {
     c.descale = ds;
     add(c);
   }
-  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 113}, {113, 203}, {520, 1000}, {1000, 520}, {203, 1}}) {
+  // (150 and 384 keys: inside one key tile of 192 and two whole ones, for other block_n.)
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 113}, {113, 203}, {520, 1000}, {1000, 520}, {203, 1}, {384, 150},
+                        {150, 384}}) {
     ProblemConfig c = base(e4m3, 1, sq, sk, 4, 2, 128);
     c.descale = Descale::per_head;
     add(c);
