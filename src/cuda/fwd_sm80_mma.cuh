@@ -303,7 +303,9 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float l = quad_sum(row_sum[mt][hr]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      // l = 0: no visible key (out 0, lse −inf); l NaN (a NaN score): out and lse NaN.
+      const bool seen = !(l <= 0.f);
+      const float inv = seen ? 1.f / l : 0.f;
       const int row = mt * 64 + warp * 16 + g + hr * 8;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
         *reinterpret_cast<uint32_t*>(sQ + swizzle_offset<D>(row, j) + 2 * t) = packed;
       }
       if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
-        const float lse = l > 0.f ? (row_max[mt][hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+        const float lse = seen ? (row_max[mt][hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
       }
     }

@@ -540,7 +540,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float l = quad_sum(row_sum[hr]);
-        const float inv = bad_descale ? NAN : l > 0.f ? v_scale / l : 0.f;
+        // l = 0: no visible key (out 0, lse −inf); l NaN (a NaN score): out and lse NaN.
+        const bool seen = !(l <= 0.f);
+        const float inv = bad_descale ? NAN : seen ? v_scale / l : 0.f;
         const int row = row0 + hr * 8;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
@@ -549,7 +551,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         if (p.lse != nullptr && t == 0 && m0 + row < len_q) {
           const float lse = bad_descale ? NAN
-                            : l > 0.f  ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2
+                            : seen     ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2
                                        : -INFINITY;
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }

@@ -177,14 +177,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // with j = floor(x) from one round-down add of 1.5 · 2^23 (whose low mantissa bits are then j), f =
 // x − j in [0, 1), 2^f as 1 + f (c1 + f (c2 + f c3)) (fitted here for relative error, max 8.6e-5),
 // and j added into the exponent field. x is clamped at −127, where the sum of the fields is +0
-// exactly (so −inf gives 0, as ex2.approx does); max.NaN keeps a NaN score NaN.
+// exactly (so −inf gives 0, as ex2.approx does). A NaN x would come out of the integer add as a
+// finite 3.4e38 (0x7FFFFFFF + 0x7FFFFFFF << 23): max.NaN keeps it in f, and the last FFMA (f · 0,
+// +0 for every other x) puts it back into the result (CudaExp2Fma, CudaForwardMisc.NaNKeyGivesNaN).
 __device__ __forceinline__ float exp2_fma(float x) {
   float xc, t;
   asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.f));
   asm("add.rm.f32 %0, %1, %2;\n" : "=f"(t) : "f"(xc), "f"(12582912.f));
   const float f = xc - (t - 12582912.f);
   const float pf = fmaf(fmaf(fmaf(0.07706641f, f, 0.22764570f), f, 0.69511664f), f, 1.f);
-  return __int_as_float(__float_as_int(pf) + (__float_as_int(t) << 23));
+  return fmaf(f, 0.f, __int_as_float(__float_as_int(pf) + (__float_as_int(t) << 23)));
 }
 
 // Shared-memory tiles of rows x kCols 16-bit elements, stored as 16-byte chunks with the chunk

@@ -392,6 +392,42 @@ TEST(CudaForwardMisc, Repeatable) {
   }
 }
 
+// A NaN in k (keys 24-31 of kv head 0: on the FP8 forward, scores whose exponentials run on the FMA
+// pipe, exp2_fma, as well as MUFU's) gives NaN in every out and lse element of the query heads that
+// see it, and the other kv head's heads stay finite. Before exp2_fma kept NaN, the FP8 forward
+// turned such a score into 3.4e38 and returned a finite out.
+void expect_nan_key_gives_nan(DType dt) {
+  ProblemConfig c = base(dt, 1, 70, 100, 4, 2, 128);
+  if (dt == DType::e4m3) c.descale = Descale::per_tensor;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed);
+  GpuProblem g(pr, GpuLayout::contiguous);
+  std::vector<double> k = pr.k.to_dense();  // [1, 100, 2, 128]
+  for (int key = 24; key < 32; ++key) k[(key * 2 + 0) * 128 + 5] = std::nan("");
+  g.k.set(k);
+  forward(g.params());
+  const std::vector<double> out = g.out.to_dense(), lse = g.lse.to_dense();  // [1, 70, 4, 128], [1, 4, 70]
+  int64_t wrong = 0;
+  for (int h = 0; h < 4; ++h)
+    for (int r = 0; r < 70; ++r) {
+      const bool nan_head = h / 2 == 0;
+      wrong += std::isnan(lse[h * 70 + r]) != nan_head;
+      for (int d = 0; d < 128; ++d) wrong += std::isnan(out[(r * 4 + h) * 128 + d]) != nan_head;
+    }
+  EXPECT_EQ(wrong, 0) << dtype_name(dt) << ": elements whose NaN-ness does not match their head";
+}
+
+TEST(CudaForwardMisc, NaNKeyGivesNaN) {
+  FLASHATTN_REQUIRE_GPU();
+  expect_nan_key_gives_nan(DType::bf16);
+}
+
+TEST(CudaForwardMisc, Fp8NaNKeyGivesNaN) {
+  FLASHATTN_REQUIRE_SM90();
+  expect_nan_key_gives_nan(DType::e4m3);
+}
+
 // A varlen forward captured into a CUDA graph: plan() skips its synchronizing cu_seqlens check
 // under capture and the replay must give the same result as an eager call.
 TEST(CudaForwardMisc, VarlenUnderGraphCapture) {
