@@ -62,7 +62,7 @@ _I64x4 = ctypes.c_int64 * 4
 # Arguments whose dtype is fixed (the others take q's: fp32, fp16, bf16 or e4m3, the library's
 # names, which its own messages use too, e.g. for an int32 q).
 _EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slopes": "float32",
-                    "q_descale": "float32", "k_descale": "float32", "v_descale": "float32"}
+                    "q_descale": "float32", "k_descale": "float32", "v_descale": "float32", "lse": "float32"}
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 
@@ -571,23 +571,29 @@ def use_eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
             and not torch._C._is_torch_function_mode_enabled())
 
 
+def _refuse_forward_ad(q: Tensor, k: Tensor, v: Tensor) -> None:
+    # Neither path has a forward-mode formula, and both would drop a tangent silently (the eager
+    # one too, when nothing requires grad). Outside a dual_level (_current_level -1) no tensor can
+    # carry one, so the common call pays one attribute read.
+    if (forward_ad._current_level >= 0 and not torch.compiler.is_compiling() and any(
+            isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v))):
+        raise NotImplementedError("flashattn: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
+                                  "supported; q, k or v carries a tangent")
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
               q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
               v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
     descales = (q_descale, k_descale, v_descale)
+    _refuse_forward_ad(q, k, v)
     if use_eager(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             # Nothing to differentiate (inference, evaluation): no autograd node to build.
             return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
         return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts,
                                      *descales)
-    if not torch.compiler.is_compiling() and any(
-            isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v)):
-        # The registered op has no forward-mode formula, and torch drops the tangent silently.
-        raise NotImplementedError("flashattn: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
-                                  "supported; q, k or v carries a tangent")
     return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
 
 

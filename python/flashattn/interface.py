@@ -46,6 +46,8 @@ _ALIGNS = ("bottom_right", "top_left")
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
                   return_attn_probs: bool, causal_align: str) -> Tuple[float, int, int]:
     """Validates the Python-level arguments; returns (softmax_scale for the library, left, right of window_size)."""
+    if isinstance(dropout_p, Tensor) and dropout_p.numel() != 1:
+        raise ValueError(f"dropout_p: expected a number (0.0), got a tensor of shape {tuple(dropout_p.shape)}")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: expected 0.0 (attention dropout is not implemented by flashattn), got {dropout_p}")
     if return_attn_probs:

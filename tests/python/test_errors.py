@@ -20,6 +20,8 @@ def test_error_type_is_value_error():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dropout_p=0.1), "dropout_p"),
+    # Found by review: a tensor of two zeros gave torch's "ambiguous" error, naming nothing.
+    (dict(dropout_p=torch.zeros(2)), r"dropout_p: expected a number \(0\.0\), got a tensor of shape \(2,\)"),
     (dict(return_attn_probs=True), "return_attn_probs"),
     (dict(causal_align="bottom"), "causal_align"),
     (dict(window_size=(1, 2, 3)), "window_size"),
@@ -290,6 +292,16 @@ def test_forward_mode_ad_raises_instead_of_a_zero_tangent():
         torch.func.jvp(lambda x: flash_attn_func(x, x, x), (q,), (torch.ones_like(q),))
 
 
+def test_dual_tensor_without_requires_grad_raises_instead_of_dropping_the_tangent():
+    # Found by review: the no-grad fast path returned before the forward-mode check, so the
+    # output of a dual q (no requires_grad) had no tangent and no error was raised.
+    from torch.autograd import forward_ad
+    q, k, v = (torch.randn(1, 3, 1, 8) for _ in range(3))
+    with forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            flash_attn_func(forward_ad.make_dual(q, torch.randn_like(q)), k, v)
+
+
 def test_backward_of_an_empty_query_gives_zero_gradients():
     q = torch.randn(1, 0, 2, 8, requires_grad=True)
     k = torch.randn(1, 3, 2, 8, requires_grad=True)
@@ -429,6 +441,17 @@ def test_fp8_varlen_is_refused():
     with pytest.raises(FlashAttnError, match=r"cu_seqlens_q: expected none with q in e4m3 \(the FP8 forward runs "
                                              r"batched only for now, no varlen\)"):
         flash_attn_varlen_func(q, k, v, cu, cu, 11, 11)
+
+
+def test_lse_of_another_dtype_names_float32():
+    # Found by review: the direct op's message offered q's dtypes for lse.
+    from flashattn._ops import pack_options
+
+    q = torch.randn(1, 8, 2, 16)
+    lse = torch.zeros(1, 2, 8, dtype=torch.float64)
+    int_opts, float_opts = pack_options(0, 0, 0.0, False, "bottom_right", -1, -1, 0.0, False)
+    with pytest.raises(FlashAttnError, match=r"lse: expected dtype float32, got float64"):
+        torch.ops.flashattn.bwd(torch.ones_like(q), q, q, q, q.clone(), lse, None, None, None, int_opts, float_opts)
 
 
 @needs_fp8
