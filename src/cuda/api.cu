@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -294,6 +297,19 @@ std::optional<std::string> check_fp8(const detail::Params& p) {
            std::to_string(device_cc(device) / 10) + "." + std::to_string(device_cc(device) % 10);
   }
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return std::nullopt;  // nothing to compute or write
+  // The Vᵀ workspace (fwd_sm90_fp8.cu) takes batch · num_heads_k · 128 · seqlen_k (rounded up to
+  // the key tile) bytes. k and v may be views of far less memory (overlapping strides), so this
+  // product is bounded by nothing else and could wrap size_t into a small allocation that the
+  // pre-pass then writes past; no real call needs 2^48 bytes.
+  const double workspace = double(p.batch) * double(p.num_heads_k) * 128.0 * double((p.seqlen_k + 127) / 128 * 128);
+  if (workspace > 0x1p48) {
+    char got[160];
+    std::snprintf(got, sizeof got, "%.4g bytes (batch %lld, num_heads_k %lld, seqlen_k %lld)", workspace,
+                  static_cast<long long>(p.batch), static_cast<long long>(p.num_heads_k),
+                  static_cast<long long>(p.seqlen_k));
+    return std::string("v: expected the FP8 forward's Vᵀ workspace (batch · num_heads_k · 128 · seqlen_k bytes) "
+                       "below 2^48 bytes on cuda, got ") + got;
+  }
   // The 16-bit kernels fall back to sm80 where the TMA maps do not fit; FP8 has no fallback.
   return tma_misfit(p, false, " for e4m3 on cuda");
 #endif
@@ -306,6 +322,14 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
   }
   if (p.dtype != DType::f16 && p.dtype != DType::bf16 && p.dtype != DType::e4m3) {
     return std::string("q: expected fp16, bf16 or e4m3 on cuda, got ") + dtype_name(p.dtype) + " (convert first)";
+  }
+  // The kernels fold log2(e) into the scale (one FFMA per score, FA-2 Sec. 3.1): past FLT_MAX /
+  // log2(e) that product is inf and every score NaN, though the scale is a float32 (the CPU takes it).
+  if (std::fabs(p.softmax_scale) > FLT_MAX / 1.4426950408889634f) {
+    char got[64];
+    std::snprintf(got, sizeof got, "%.8g", double(p.softmax_scale));
+    return std::string("softmax_scale: expected |softmax_scale| <= FLT_MAX / log2(e) = 2.3587e+38 on cuda (the "
+                       "kernels fold log2(e) into it), got ") + got;
   }
   if (p.head_dim % 8 != 0 || p.head_dim > 256) {
     return "head_dim: expected a multiple of 8 up to 256 on cuda, got " + std::to_string(p.head_dim);

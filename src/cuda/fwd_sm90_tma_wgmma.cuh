@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const float qd = descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride);
         const float kd = descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
         auto positive = [](float x) { return x > 0.f && x <= FLT_MAX; };
-        auto normal = [](float x) { return fabsf(x) >= FLT_MIN && fabsf(x) <= FLT_MAX; };
+        // (FLT_MAX / log2(e): the softmax folds log2(e) into the scale.)
+        auto normal = [](float x) { return fabsf(x) >= FLT_MIN && fabsf(x) <= FLT_MAX / 1.4426950408889634f; };
         bad_descale = !(positive(qd) && positive(kd) && positive(v_scale) && normal(score_scale) &&
                         (p.softcap <= 0.f || normal(score_scale / p.softcap)));
       }

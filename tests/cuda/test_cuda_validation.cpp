@@ -274,6 +274,36 @@ TEST(CudaValidation, Fp8DescaleProductOverflowGivesNaNHead) {
   expect_fp8_head_nan(0, 1e-17f, /*both_qk=*/true, /*softcap=*/1e3f);  // normal, but / softcap is not
 }
 
+// Found by review: k and v may be views of far less memory (overlapping strides), so nothing bounded
+// the Vᵀ workspace's batch · num_heads_k · 128 · seqlen_k bytes, which could wrap size_t into a small
+// allocation that the pre-pass writes past. Here 2 · 512 · 128 · (2^31 − 1024) > 2^48.
+TEST(CudaValidation, Fp8WorkspaceBeyond2To48IsRefused) {
+  FLASHATTN_REQUIRE_SM90();
+  ProblemConfig c = fp8_small();
+  c.num_heads = 512;
+  c.num_heads_k = 512;
+  expect_refused(c,
+                 [](AttentionParams& a, GpuProblem&) {
+                   for (TensorView* t : {&a.k, &a.v}) {
+                     // Rows broadcast (stride 0, refused for e4m3 only after this check): the view
+                     // stays inside k's storage, so no alias check with out fires first.
+                     t->shape[1] = (int64_t{1} << 31) - 1024;
+                     t->stride[1] = 0;
+                   }
+                 },
+                 "v: expected the FP8 forward's Vᵀ workspace (batch · num_heads_k · 128 · seqlen_k bytes) below "
+                 "2^48 bytes on cuda");
+}
+
+// Found by review: the kernels fold log2(e) into the scale, so 2.4e38 .. 3.4e38 (a float32, which
+// the CPU takes) made every score NaN on cuda.
+TEST(CudaValidation, SoftmaxScaleBeyondFltMaxOverLog2eIsRefused) {
+  FLASHATTN_REQUIRE_GPU();
+  for (const float scale : {3e38f, -2.4e38f})
+    expect_refused(small(DType::bf16, 64), [&](AttentionParams& a, GpuProblem&) { a.softmax_scale = scale; },
+                   "softmax_scale: expected |softmax_scale| <= FLT_MAX / log2(e) = 2.3587e+38 on cuda");
+}
+
 TEST(CudaValidation, Fp8NoKeys) {
   FLASHATTN_REQUIRE_SM90();
   ProblemConfig c = fp8_small();
