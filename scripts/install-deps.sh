@@ -52,6 +52,17 @@ if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
 
+PYTHON="${PYTHON:-python3}"
+# No interpreter (or one without pip) on PATH: Debian's python3 and its pip, as a fresh Debian 12
+# has neither; machines with pyenv's python3 keep it.
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+  if [ "$PYTHON" != "python3" ]; then
+    log "PYTHON=$PYTHON: expected an interpreter with pip, got none (unset PYTHON to use Debian's python3)"
+    exit 1
+  fi
+  APT_PACKAGES+=(python3 python3-pip python3-venv)
+fi
+
 missing_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -66,14 +77,16 @@ else
   log "apt: all ${#APT_PACKAGES[@]} packages present"
 fi
 
-# Python comes from pyenv on these machines (no Debian python3-pip): always `python3 -m pip`.
-PYTHON="${PYTHON:-python3}"
+# Always `$PYTHON -m pip` (pyenv's python3 on the project's machines, Debian's otherwise).
 pip_wanted=("${PIP_PACKAGES[@]}")
 if [ "${FLASHATTN_DEPS_TORCH:-1}" != "0" ]; then
   pip_wanted+=("${PIP_TORCH_PACKAGES[@]}")
 fi
 # One interpreter start for all the checks (`pip show` per package takes a second each).
-mapfile -t missing_pip < <("$PYTHON" - "${pip_wanted[@]}" <<'PY'
+# (A process substitution's failure would be lost: the check writes to a file and its status counts.)
+pip_check=$(mktemp)
+trap 'rm -f "$pip_check"' EXIT
+"$PYTHON" - "${pip_wanted[@]}" > "$pip_check" <<'PY'
 import sys
 from importlib import metadata
 for name in sys.argv[1:]:
@@ -82,10 +95,17 @@ for name in sys.argv[1:]:
     except metadata.PackageNotFoundError:
         print(name)
 PY
-)
+mapfile -t missing_pip < "$pip_check"
 if [ ${#missing_pip[@]} -gt 0 ]; then
   log "pip: installing ${missing_pip[*]}"
-  "$PYTHON" -m pip install -q --disable-pip-version-check "${missing_pip[@]}"
+  pip_flags=(-q --disable-pip-version-check)
+  # Debian's own python3 is "externally managed" (PEP 668): pip refuses to install into it unless
+  # told to. Outside a virtual environment, install into it anyway (the README's commands use it).
+  if "$PYTHON" -c 'import sys, sysconfig, os; sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+    log "pip: $PYTHON is externally managed (PEP 668), installing with --break-system-packages"
+    pip_flags+=(--break-system-packages)
+  fi
+  "$PYTHON" -m pip install "${pip_flags[@]}" "${missing_pip[@]}"
 else
   log "pip: all ${#pip_wanted[@]} packages present"
 fi

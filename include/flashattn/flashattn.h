@@ -59,8 +59,11 @@ typedef struct fa_params {
    * (data NULL, ndim 0) = 1. S = softmax_scale * (q_descale q)(k_descale k)^T, O = P (v_descale v),
    * out bf16; query head h uses KV head h / (num_heads / num_heads_k). Forward only, batched only,
    * head_dim = head_dim_v = 128, CUDA (sm_90) only; given with non-e4m3 q: FA_STATUS_INVALID_ARGUMENT.
-   * Values must be finite and > 0 (read once per call, except under stream capture); see
-   * flashattn.hpp for the workspace the call takes. */
+   * The values are read by the kernel, not on the host (no synchronization per call): a (batch,
+   * kv head) whose descales are not finite and > 0, or whose softmax_scale * q_descale * k_descale
+   * (and it / softcap when softcap is on) is not a normal float32 of magnitude <= FLT_MAX / log2(e),
+   * gets NaN in every out and lse element of its query heads. See flashattn.hpp for the workspace
+   * the call takes (FA_STATUS_INVALID_ARGUMENT naming v past 2^48 bytes). */
   fa_tensor q_descale, k_descale, v_descale;
 } fa_params;
 

@@ -3,10 +3,10 @@
 // Forward (Dao et al. 2022, "FlashAttention", Alg. 1; Dao 2023, "FlashAttention-2", Alg. 1):
 //   S   = softmax_scale · Q Kᵀ                                  [seqlen_q, seqlen_k] per (batch, head)
 //   S   = softcap · tanh(S / softcap)             if softcap > 0 (Gemma-2 style logit capping)
-//   S   = S − slope_h · |i + (seqlen_k − seqlen_q) − j|          if alibi_slopes (Press et al. 2022;
-//                                        distance from the bottom-right diagonal whatever causal_align
-//                                        says, as in FlashAttention: under a causal mask the alignment
-//                                        only shifts each row by a constant, which softmax ignores)
+//   S   = S − slope_h · |i + offset − j|                         if alibi_slopes (Press et al. 2022;
+//                                        FlashAttention-2's convention: offset = seqlen_k − seqlen_q for
+//                                        causal_align bottom_right (the default), 0 for top_left, the
+//                                        mask's own offset, so that its diagonal gets bias 0)
 //   S   = −inf where the mask hides key j from query i           (causal / sliding window, below)
 //   lse = log Σ_j exp(S_ij)                                       natural log, float32
 //   O   = exp(S − lse) V
@@ -145,10 +145,11 @@ struct AttentionParams {
   // Given with q not e4m3: Error naming the argument. The values are read by the kernel, not on the
   // host (that would synchronize every call, as FlashAttention-3 and cuDNN do not either): a (batch,
   // kv head) whose descales are not finite and > 0, or whose softmax_scale · q_descale · k_descale
-  // (/ softcap when on) is not a normal float32, gets NaN in every out and lse element of its query
-  // heads; no finite result is computed from them. The call also takes a workspace of batch · num_heads_k · 128 ·
-  // round_up(seqlen_k, 128) bytes (Vᵀ: FP8 wgmma reads both operands K-major) with cudaMallocAsync
-  // on the stream; Error naming v when it cannot.
+  // (and it / softcap when softcap is on) is not a normal float32 of magnitude <= FLT_MAX / log2(e),
+  // gets NaN in every out and lse element of its query heads; no finite result is computed from
+  // them. The call also takes a workspace of batch · num_heads_k · 128 · round_up(seqlen_k, 128)
+  // bytes (Vᵀ: FP8 wgmma reads both operands K-major) with cudaMallocAsync on the stream; Error
+  // naming v when it cannot, or when that passes 2^48 bytes.
   TensorView q_descale, k_descale, v_descale;
 };
 

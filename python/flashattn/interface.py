@@ -19,7 +19,7 @@ FP8 forward (FlashAttention-3, Shah et al. 2024, Sec. 3.3; flash_attn_func and t
 torch.float8_e4m3fn on CUDA (sm_90), head_dim 128, with FlashAttention-3's q_descale, k_descale,
 v_descale (float32 dequantization factors, (batch, num_heads_k) or one element; None = 1):
 
-    S   = softmax_scale * (q_descale q)(k_descale k)^T   (then softcap, masks as above)
+    S   = softmax_scale * (q_descale q)(k_descale k)^T   (then softcap, ALiBi, masks as above)
     out = softmax(S) (v_descale v)                       bfloat16
 
 Forward only: a gradient reaching such a call raises NotImplementedError.
@@ -151,9 +151,10 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
             element (per tensor); None = 1. S = softmax_scale * (q_descale q)(k_descale k)^T,
             out = softmax(S) (v_descale v), with P rounded to e4m3 inside (FA-3's rounding: on the
             H200, out within ~1e-3 of float64 on the dequantized inputs at N(0, 1) inputs, lse a few
-            1e-3). Values must be finite and > 0, and softmax_scale * q_descale * k_descale a
-            normal float32: the kernel reads them (no host synchronization) and gives NaN in out
-            and lse for every query head of a (batch, kv head) whose values are not. Keyword-only.
+            1e-3). Values must be finite and > 0, and softmax_scale * q_descale * k_descale (and
+            it / softcap when softcap is on) a normal float32 of magnitude <= FLT_MAX / log2(e): the
+            kernel reads them (no host synchronization) and gives NaN in out and lse for every
+            query head of a (batch, kv head) whose values are not. Keyword-only.
 
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] in q's dtype (bfloat16 for float8_e4m3fn
