@@ -364,7 +364,9 @@ def main():
             elif "error" in r:
                 cells.append("err")
             else:
-                cells.append(f"{r.get('fwd_tflops', float('nan')):.0f} / {r.get('bwd_tflops', float('nan')):.0f}")
+                # A forward-only contender (the FP8 one, --no-bwd) has no backward number: "—".
+                fwd, bwd = (f"{r[k]:.0f}" if k in r else "—" for k in ("fwd_tflops", "bwd_tflops"))
+                cells.append(f"{fwd} / {bwd}")
 
         def ratio(field, peer):
             a, b = by.get("ours", {}).get(field), by.get(peer, {}).get(field)
