@@ -276,12 +276,12 @@ TEST(CudaValidation, Fp8DescaleProductOverflowGivesNaNHead) {
 
 // Found by review: k and v may be views of far less memory (overlapping strides), so nothing bounded
 // the Vᵀ workspace's batch · num_heads_k · 128 · seqlen_k bytes, which could wrap size_t into a small
-// allocation that the pre-pass writes past. Here 2 · 512 · 128 · (2^31 − 1024) > 2^48.
+// allocation that the pre-pass writes past. Here 2 · 1024 · 128 · (2^31 − 1024) = 2^49 − 2^28 > 2^48.
 TEST(CudaValidation, Fp8WorkspaceBeyond2To48IsRefused) {
   FLASHATTN_REQUIRE_SM90();
   ProblemConfig c = fp8_small();
-  c.num_heads = 512;
-  c.num_heads_k = 512;
+  c.num_heads = 1024;
+  c.num_heads_k = 1024;
   expect_refused(c,
                  [](AttentionParams& a, GpuProblem&) {
                    for (TensorView* t : {&a.k, &a.v}) {
