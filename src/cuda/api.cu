@@ -325,7 +325,7 @@ std::optional<std::string> check_common(const detail::Params& p, Pass pass) {
   }
   // The kernels fold log2(e) into the scale (one FFMA per score, FA-2 Sec. 3.1): past FLT_MAX /
   // log2(e) that product is inf and every score NaN, though the scale is a float32 (the CPU takes it).
-  if (std::fabs(p.softmax_scale) > FLT_MAX / 1.4426950408889634f) {
+  if (std::fabs(p.softmax_scale) > kMaxSoftmaxScale) {
     char got[64];
     std::snprintf(got, sizeof got, "%.8g", double(p.softmax_scale));
     return std::string("softmax_scale: expected |softmax_scale| <= FLT_MAX / log2(e) = 2.3587e+38 on cuda (the "

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
   }
   p.dsum[r.stat] = acc;
   const float lse = p.lse[b * p.lse_batch_stride + r.h * p.lse_head_stride + r.q_row * p.lse_row_stride];
-  p.lse_log2[r.stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  p.lse_log2[r.stat] = lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
 // dq = softmax_scale · dq_accum, converted to the element type (FA-2 Alg. 2's final dQ write).

@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(BwdShape<kHeadDim>::kThreads, BwdShape<kHeadDi
   using AG = typename Shape::Acc;    // dK/dV (or dQ) [R x D]
   using QG = typename Shape::Dq;     // dQ partial of the dK/dV kernel [S x D]
   constexpr int SM = SG::kM, SN = SG::kN, AM = AG::kM, AN = AG::kN;
-  constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Storage* sR0 = reinterpret_cast<Storage*>(smem_raw);  // K (dK/dV kernel) or Q (dQ kernel)

@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kDqTiles = kHalf / 64;         // 64 x 64 fp32 dQ tiles per consumer and step
   constexpr int kDqTileBytes = 64 * 64 * 4;
   constexpr int kTilesPerHalf = kHalfPanels * BM * 128 / kDqTileBytes;  // dQ tiles in half a Q buffer
-  constexpr float kLog2e = 1.4426950408889634f;
   static_assert(BN == 64 && BM == 64, "one 64 x 64 Pᵀ / dSᵀ tile per step, wgmma's M on both sides");
   static_assert(kTilesPerHalf >= 1 && 2 * kTilesPerHalf == kDqTiles, "dQ staging in the Q and dO halves");
 

@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, BM = Cfg::kBlockM, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
   constexpr bool kDqSplitN = D >= 128;  // else one 64-query tile each (see the file comment)
-  constexpr float kLog2e = 1.4426950408889634f;
   static_assert((BM == 64 || BM == 128) && BN == 128, "64-query panels of dSᵀ; two 64-key consumers");
   static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(Shape::kThreads) fwd_sm80_kernel(const __grid_
   using Storage = typename Elem::Storage;
   constexpr int D = Shape::kHeadDim, BM = Shape::kBlockM, BN = Shape::kBlockN, MT = Shape::kMTiles;
   constexpr int NT = Shape::kThreads;
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kLn2 = 0.6931471805599453f;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Storage* sQ = reinterpret_cast<Storage*>(smem_raw);

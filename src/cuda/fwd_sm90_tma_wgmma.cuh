@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the row sum carries the same factor, so out is unchanged, and lse takes it out.
   constexpr float kPBias = kFp8 ? 8.f : 0.f;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -253,10 +252,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto descale = [&](const float* d, int64_t batch_stride, int64_t head_stride) {
         return kFp8 && d != nullptr ? d[b * batch_stride + blk.h_k * head_stride] : 1.f;
       };
-      const float score_scale =
-          kFp8 ? p.softmax_scale * descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
-                     descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride)
-               : p.softmax_scale;
+      const float q_scale = descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride);
+      const float k_scale = descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+      const float score_scale = kFp8 ? p.softmax_scale * q_scale * k_scale : p.softmax_scale;
       const bool modified = kFp8 ? p.softcap > 0.f || p.alibi_slopes != nullptr || score_scale < 0.f : modified_all;
       const float scale_log2 = kFp8 ? (modified ? kLog2e : score_scale * kLog2e) : scale_log2_all;
       const float v_scale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
@@ -266,12 +264,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // result computed from them (flashattn.hpp, AttentionParams::q_descale).
       bool bad_descale = false;
       if constexpr (kFp8) {
-        const float qd = descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride);
-        const float kd = descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
         auto positive = [](float x) { return x > 0.f && x <= FLT_MAX; };
-        // (FLT_MAX / log2(e): the softmax folds log2(e) into the scale.)
-        auto normal = [](float x) { return fabsf(x) >= FLT_MIN && fabsf(x) <= FLT_MAX / 1.4426950408889634f; };
-        bad_descale = !(positive(qd) && positive(kd) && positive(v_scale) && normal(score_scale) &&
+        auto normal = [](float x) { return fabsf(x) >= FLT_MIN && fabsf(x) <= kMaxSoftmaxScale; };
+        bad_descale = !(positive(q_scale) && positive(k_scale) && positive(v_scale) && normal(score_scale) &&
                         (p.softcap <= 0.f || normal(score_scale / p.softcap)));
       }
       float o[D / 2];

@@ -14,11 +14,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "cuda/grid_order.hpp"
 
 namespace flashattn::cuda {
+
+// The kernels fold log2(e) into the softmax scale (one FFMA per score before exp2, FA-2 Sec. 3.1),
+// so a scale above kMaxSoftmaxScale would make that product inf and every score NaN: api.cu refuses
+// such a softmax_scale, and the FP8 forward treats such a descaled scale as bad descales.
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kMaxSoftmaxScale = FLT_MAX / kLog2e;
 
 // Element type tags: f16 and bf16 differ only in the mma opcode and the packing conversion.
 struct F16 {
