@@ -12,7 +12,9 @@
 #include <string>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -224,6 +226,25 @@ class DeviceTensor {
   std::vector<unsigned char> host_;
   std::shared_ptr<void> dev_;
 };
+
+// After a batched forward of `c` with contiguous out [batch, seqlen_q, num_heads, head_dim_v] and lse
+// [batch, num_heads, seqlen_q] read back: the number of elements whose NaN-ness differs from
+// nan_head(b, h), i.e. 0 when every element of the heads that must be NaN is and no other is.
+inline int64_t nan_head_mismatches(const ProblemConfig& c, const std::vector<double>& out,
+                                   const std::vector<double>& lse,
+                                   const std::function<bool(int64_t b, int64_t h)>& nan_head) {
+  const int64_t sq = c.seqlen_q, h = c.num_heads, dv = c.dv();
+  int64_t wrong = 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t hq = 0; hq < h; ++hq) {
+      const bool want = nan_head(b, hq);
+      for (int64_t r = 0; r < sq; ++r) {
+        wrong += std::isnan(lse[(b * h + hq) * sq + r]) != want;
+        for (int64_t x = 0; x < dv; ++x) wrong += std::isnan(out[((b * sq + r) * h + hq) * dv + x]) != want;
+      }
+    }
+  return wrong;
+}
 
 // The case builder of the forward and backward suites: a batched problem of these sizes.
 inline ProblemConfig base(DType dt, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d) {

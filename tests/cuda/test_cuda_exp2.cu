@@ -19,20 +19,16 @@ __global__ void exp2_fma_kernel(const float* x, float* y, int n) {
   if (i < n) y[i] = cuda::exp2_fma(x[i]);
 }
 
+// exp2_fma of every x, through the suites' poisoned device buffers (DeviceTensor).
 std::vector<float> run_exp2_fma(const std::vector<float>& x) {
   const int n = static_cast<int>(x.size());
-  float *dx = nullptr, *dy = nullptr;
-  EXPECT_EQ(cudaMalloc(&dx, n * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMalloc(&dy, n * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dy, 0xFF, n * sizeof(float)), cudaSuccess);  // NaN poison
-  exp2_fma_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> y(x.size());
-  EXPECT_EQ(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(dx);
-  cudaFree(dy);
-  return y;
+  DeviceTensor dx(DType::f32, {n}), dy(DType::f32, {n});
+  dx.set(std::vector<double>(x.begin(), x.end()));
+  exp2_fma_kernel<<<(n + 255) / 256, 256>>>(static_cast<const float*>(dx.data()), static_cast<float*>(dy.data()), n);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<double> y = dy.to_dense();  // synchronizes, and throws on a kernel error
+  EXPECT_TRUE(dy.all_written("exp2_fma"));
+  return std::vector<float>(y.begin(), y.end());
 }
 
 TEST(CudaExp2Fma, RelativeErrorOverTheSoftmaxRange) {

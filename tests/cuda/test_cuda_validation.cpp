@@ -248,17 +248,8 @@ void expect_fp8_head_nan(int which, float bad, bool both_qk = false, float softc
   const std::vector<double> out = g.out.to_dense(), lse = g.lse.to_dense();
   EXPECT_TRUE(g.out.all_written("out"));
   EXPECT_TRUE(g.lse.all_written("lse"));
-  const int64_t sq = c.seqlen_q, h = c.num_heads, dv = c.head_dim;
-  int64_t wrong = 0;
-  for (int64_t b = 0; b < 2; ++b)
-    for (int64_t hq = 0; hq < h; ++hq) {
-      const bool nan_head = b == 1 && hq / 2 == 0;
-      for (int64_t r = 0; r < sq; ++r) {
-        wrong += std::isnan(lse[(b * h + hq) * sq + r]) != nan_head;
-        for (int64_t x = 0; x < dv; ++x) wrong += std::isnan(out[((b * sq + r) * h + hq) * dv + x]) != nan_head;
-      }
-    }
-  EXPECT_EQ(wrong, 0) << "elements whose NaN-ness does not match their head's descales (bad = " << bad << ")";
+  EXPECT_EQ(nan_head_mismatches(c, out, lse, [](int64_t b, int64_t h) { return b == 1 && h / 2 == 0; }), 0)
+      << "elements whose NaN-ness does not match their head's descales (bad = " << bad << ")";
 }
 
 TEST(CudaValidation, Fp8DescaleNotFiniteGivesNaNHead) {
