@@ -89,14 +89,14 @@ for pack in "${packs[@]}"; do
   # The forward and backward suites again with at most 3 persistent blocks (a build that has the
   # variables), so that their small shapes send each block through several tiles or items;
   # racecheck runs that way too.
-  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1
+  export FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS=3
   timeout "${AB_TEST_TIMEOUT:-300}" "$dir/ab/test_cuda" --gtest_filter='*CudaForward*:*CudaBackward*' > "$OUT/ab_tests_fwd3_$rev.log" 2>&1
   summary+=("$rev tests, 3 persistent blocks: rc=$?, $(grep -E '^\[  PASSED  \]' "$OUT/ab_tests_fwd3_$rev.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/ab_tests_fwd3_$rev.log") failed")
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 "$dir/ab/test_cuda" \
     --gtest_filter='*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d*:*CudaBackward.*/bf16_varlen_517*:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq520_sk130_h40k8_d64' \
     > "$OUT/ab_racecheck_$rev.log" 2>&1
   summary+=("$rev racecheck: rc=$?, $(grep -m1 -E 'RACECHECK SUMMARY' "$OUT/ab_racecheck_$rev.log" || echo 'no summary')")
-  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_FWD_WIDE
+  unset FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS FLASHATTN_CUDA_BWD_PERSISTENT_BLOCKS
 done
 for side in "${sides[@]}"; do
   [ -n "$side" ] || continue

@@ -21,7 +21,7 @@ for v in ${AB_TEST_VARIANTS:-1 2}; do
   env "$AB_VAR=$v" timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t$v.log 2>&1
   echo "AB=$v rc=$? $(grep -E '^\[  PASSED' $OUT/t$v.log) $(grep -c '^\[  FAILED  \] [A-Za-z]' $OUT/t$v.log) failed"
   grep '^\[  FAILED  \] [A-Za-z]' $OUT/t$v.log | head -5
-  env "$AB_VAR=$v" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1 timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t${v}p.log 2>&1
+  env "$AB_VAR=$v" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 timeout 150 $T --gtest_filter='*CudaForward*' > $OUT/t${v}p.log 2>&1
   echo "AB=$v p3 rc=$? $(grep -E '^\[  PASSED' $OUT/t${v}p.log)"
 done
 v=${AB_RACE_VARIANT:-2}

@@ -148,15 +148,13 @@ if [[ $what == *tests* ]]; then
   grep -E "(forward|backward) kernel:" "$OUT/tests_sm80.log" | head -2
   summary+=("tests (FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_sm80.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_sm80.log") failed, $(( $(date +%s) - start )) s")
   # The forward suite once more with 3 persistent blocks: small shapes then take several tiles per
-  # block (static order when nothing is masked, the atomic counter for causal, windows, varlen);
-  # and with FLASHATTN_CUDA_FWD_WIDE=1, so that head_dim 64's short causal and window shapes run
-  # its block_m 192 config too (fwd_traits.hpp MaskedShort).
+  # block (static order when nothing is masked, the atomic counter for causal, windows, varlen).
   start=$(date +%s)
-  FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1 $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_persist3.log" 2>&1
+  FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_persist3.log" 2>&1
   rc=$?
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_persist3.log" | sort -u | head -20
   cat "$OUT/tests_persist3.log" >> "$OUT/tests_sm80.log"
-  summary+=("forward tests (FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_persist3.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_persist3.log") failed, $(( $(date +%s) - start )) s")
+  summary+=("forward tests (FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_persist3.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_persist3.log") failed, $(( $(date +%s) - start )) s")
   rm -f "$OUT/tests_persist3.log"
 fi
 
@@ -171,7 +169,7 @@ if [[ $what == *sanitize* ]]; then
   for tool in memcheck racecheck initcheck synccheck; do
     start=$(date +%s)
     persist=()
-    [[ $tool == memcheck || $tool == racecheck ]] && persist=(FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 FLASHATTN_CUDA_FWD_WIDE=1)
+    [[ $tool == memcheck || $tool == racecheck ]] && persist=(FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3)
     env "${persist[@]}" compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter" > "$OUT/sanitize_one.log" 2>&1
     rc=$?
     errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")

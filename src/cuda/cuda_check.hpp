@@ -50,7 +50,7 @@ inline void set_max_dynamic_smem(const void* kernel, int bytes) {
 }
 
 // Whether environment variable `name` is set to exactly `value` (the testing switches:
-// FLASHATTN_CUDA_FWD / _BWD=sm80, FLASHATTN_CUDA_FWD_WIDE=1).
+// FLASHATTN_CUDA_FWD / _BWD=sm80).
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;

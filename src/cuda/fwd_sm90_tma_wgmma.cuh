@@ -352,7 +352,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                       swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
           }
           fence_proxy_async();
-          named_barrier_sync(1, 128 * Cfg::kConsumerWarpgroups);
+          // (A warpgroup that does not see this key tile frees it from idle_round(), elsewhere.)
+          named_barrier_sync_unaligned(1, 128 * Cfg::kConsumerWarpgroups);
         };
 
         // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
@@ -471,60 +472,102 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         release(q_empty);
         }
-        float alpha[2];
-        // First tile: S, softmax; O is still zero, so nothing to rescale.
-        mbar_wait(k_full(stage), phase);
-        my_turn();
-        issue_qk(stage);
-        your_turn();
-        wgmma_wait<0>();
-        fence_s();
-        release(k_empty(stage));
-        softmax(nb_max - 1, alpha);
-        pack_p();
-        // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
-        // turn-taking (both consumers meet on a barrier there).
-        mbar_wait(v_full(stage), phase);
-        prepare_v(nb_max - 1, stage);
-
-        for (int nb = nb_max - 2; nb >= nb_min; --nb) {
-          const int next = stage + 1 == S ? 0 : stage + 1;
-          const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
-          mbar_wait(k_full(next), next_phase);
+        // This warpgroup's own key tiles [lo, hi): those its 64 rows see. Where they are fewer than
+        // the block's (rows past the sequence end in a tile that crosses it, 64-row steps under a
+        // causal mask or a window), the warpgroup skips the others' products and softmax, but still
+        // takes its turn and frees their K / V slots, in the same rounds: round r of a tile is
+        // S(nb_max - 1 - r) and P(nb_max - r) V for every warpgroup, so the turns stay in step.
+        // (Not at head_dim 256, whose 240 registers have no room for the bookkeeping: 2 spills.)
+        int lo = nb_min, hi = nb_min;
+        if constexpr (D > 128) {
+          lo = nb_min;
+          hi = nb_max;
+        } else {
+          const int64_t r_first = m0 + cw * 64, r_last = min(int64_t(m0) + cw * 64 + 63, int64_t(len_q) - 1);
+          int64_t key_lo = 0, key_hi = len_k;
+          if (p.window_size_left >= 0) key_lo = max(key_lo, r_first + offset - p.window_size_left);
+          if (p.window_size_right >= 0) key_hi = min(key_hi, r_last + offset + p.window_size_right + 1);
+          if (r_first <= r_last && key_lo < key_hi) {
+            lo = max(nb_min, int(key_lo / BN));
+            hi = min(nb_max, int((key_hi + BN - 1) / BN));
+            if (lo >= hi) lo = hi = nb_min;
+          }
+        }
+        auto idle_round = [&](int nb) {
           my_turn();
-          issue_qk(next);
+          your_turn();
+          mbar_wait(k_full(stage), phase);
+          release(k_empty(stage));
           mbar_wait(v_full(stage), phase);
+          if (nb == nb_max - 1) prepare_v(nb, stage);
+          release(v_empty(stage));
+          stage = stage + 1 == S ? 0 : stage + 1;
+          if (stage == 0) phase ^= 1;
+        };
+        for (int nb = nb_max - 1; nb >= hi; --nb) idle_round(nb);
+        if (lo < hi) {
+          float alpha[2];
+          // First tile: S, softmax; O is still zero, so nothing to rescale.
+          mbar_wait(k_full(stage), phase);
+          my_turn();
+          issue_qk(stage);
+          your_turn();
+          wgmma_wait<0>();
+          fence_s();
+          release(k_empty(stage));
+          softmax(hi - 1, alpha);
+          pack_p();
+          // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
+          // turn-taking (both consumers meet on a barrier there).
+          mbar_wait(v_full(stage), phase);
+          if (hi == nb_max) prepare_v(hi - 1, stage);
+
+          for (int nb = hi - 2; nb >= lo; --nb) {
+            const int next = stage + 1 == S ? 0 : stage + 1;
+            const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+            mbar_wait(k_full(next), next_phase);
+            my_turn();
+            issue_qk(next);
+            mbar_wait(v_full(stage), phase);
+            issue_pv(stage);
+            your_turn();
+            wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
+            fence_s();
+            release(k_empty(next));
+            softmax(nb, alpha);
+            wgmma_wait<0>();
+            fence_o();
+            release(v_empty(stage));
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+              o[4 * j + 0] *= alpha[0];
+              o[4 * j + 1] *= alpha[0];
+              o[4 * j + 2] *= alpha[1];
+              o[4 * j + 3] *= alpha[1];
+            }
+            pack_p();
+            stage = next;
+            phase = next_phase;
+          }
+          // Every S = Q Kᵀ of the tile is complete: the producer may load the next tile's Q.
+          if constexpr (!Cfg::kQInRegs) release(q_empty);
+          mbar_wait(v_full(stage), phase);
+          my_turn();
           issue_pv(stage);
           your_turn();
-          wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
-          fence_s();
-          release(k_empty(next));
-          softmax(nb, alpha);
           wgmma_wait<0>();
           fence_o();
           release(v_empty(stage));
-#pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
-            o[4 * j + 0] *= alpha[0];
-            o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1];
-            o[4 * j + 3] *= alpha[1];
-          }
-          pack_p();
-          stage = next;
-          phase = next_phase;
+          stage = stage + 1 == S ? 0 : stage + 1;
+          if (stage == 0) phase ^= 1;
+        } else {
+          // No key of the tile is this warpgroup's: one turn for the round that ends the others'
+          // last P V.
+          my_turn();
+          your_turn();
+          if constexpr (!Cfg::kQInRegs) release(q_empty);
         }
-        // Every S = Q Kᵀ of the tile is complete: the producer may load the next tile's Q.
-        if constexpr (!Cfg::kQInRegs) release(q_empty);
-        mbar_wait(v_full(stage), phase);
-        my_turn();
-        issue_pv(stage);
-        your_turn();
-        wgmma_wait<0>();
-        fence_o();
-        release(v_empty(stage));
-        stage = stage + 1 == S ? 0 : stage + 1;
-        if (stage == 0) phase ^= 1;
+        for (int nb = lo - 1; nb >= nb_min; --nb) idle_round(nb);
       }
 
       // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
@@ -680,14 +723,6 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
-  if constexpr (!std::is_same_v<typename Traits::Config, typename Traits::MaskedShort>) {
-    // FLASHATTN_CUDA_FWD_WIDE=1 (testing): Config whatever the mask, so that the test grid's short
-    // causal and window shapes reach it too.
-    static const bool wide = env_is("FLASHATTN_CUDA_FWD_WIDE", "1");
-    const bool masked = p.window_size_left >= 0 || p.window_size_right >= 0;
-    if (masked && max_seqlen_q < Traits::kMaskedShortBelow && !wide)
-      return launch_fwd_sm90_config<Elem, typename Traits::MaskedShort>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
-  }
   launch_fwd_sm90_config<Elem, typename Traits::Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
 }
 

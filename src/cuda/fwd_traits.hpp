@@ -156,23 +156,19 @@ struct FwdSm90Config {
 
 template <int kHeadDim>
 struct FwdSm90Traits;
-// Config: the tile shape of the bucket. MaskedShort: the one used instead under a causal mask or a
-// window when seqlen_q < kMaskedShortBelow (the same type where there is no such choice).
+// Config: the tile shape of the bucket.
 // head_dim 64 runs block_m 192 (three consumer warpgroups of 160 registers, as FA-3 does): its
 // softmax is issue-bound with two (ncu, perf-notes), and a third warpgroup gave +2-13 % from seqlen
-// 512 up; under a causal mask 192-row tiles waste more of the diagonal and are fewer to balance,
-// -9 to -12 % at seqlen 512-1024, even at 2048, ahead from 4096: there block_m stays 128.
+// 512 up. Under a causal mask each warpgroup skips the key tiles its own 64 rows do not see (the
+// kernel's per-warpgroup key ranges), so 192-row tiles waste no more of the diagonal than 128-row
+// ones: +3-11 % over block_m 128 at seqlen 512-2048 causal, which took 128 until then (perf-notes v6).
 template <>
 struct FwdSm90Traits<64> {
   using Config = FwdSm90Config<64, 128, 3, 192>;
-  using MaskedShort = FwdSm90Config<64, 128, 3>;
-  static constexpr int kMaskedShortBelow = 4096;
 };
 template <>
 struct FwdSm90Traits<128> {
   using Config = FwdSm90Config<128, 128, 2>;
-  using MaskedShort = Config;
-  static constexpr int kMaskedShortBelow = 0;
 };
 // FP8 (e4m3) forward: head_dim 128, block_m 128 (two consumers, Q in registers), block_n 128 (Vᵀ's
 // K-major tile is one 128-byte panel of keys), 3 stages of 16 KB K and 16 KB Vᵀ tiles: 16 KB Q +
@@ -187,8 +183,6 @@ struct FwdSm90Fp8Traits {
 template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 64, 2>;
-  using MaskedShort = Config;
-  static constexpr int kMaskedShortBelow = 0;
 };
 
 // Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the

@@ -88,6 +88,13 @@ __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Barrier `id` among `threads` threads that may reach it from different instructions (bar.sync is
+// barrier.sync.aligned: every thread of the CTA at the same instruction, or undefined behaviour,
+// which compute-sanitizer's synccheck reports as divergence).
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Named barrier `id` without waiting: counts `threads` toward the barrier (bar.arrive).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
