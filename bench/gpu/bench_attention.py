@@ -16,6 +16,7 @@ ratios. Inputs are fresh N(0, 1) draws, never zeros.
 Writes bench.json, bench.md (a markdown table) and bench.png (TFLOP/s per shape) to --out, and
 prints the table last. Usage:
   FLASHATTN_LIBRARY=build-gpu/dist/libflashattn.so python3 bench/gpu/bench_attention.py --out $OUT
+  python3 bench/gpu/bench_attention.py --replot results/X.json --out DIR   # redraw a run's plot
 """
 from __future__ import annotations
 
@@ -197,6 +198,39 @@ def error_text(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
+def write_plot(rows, impls, meta, out_dir):
+    """bench.png in out_dir: TFLOP/s bars per shape, one panel per (dtype, causal, pass)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = [(dt, c, pas) for dt in sorted({r["dtype"] for r in rows}) for c in (False, True)
+                  for pas in ("fwd", "bwd")]
+        fig, axes = plt.subplots(len(panels) // 4 or 1, 4, figsize=(22, 5 * max(1, len(panels) // 4)), squeeze=False)
+        for ax, (dt, c, pas) in zip(axes.flat, panels):
+            sel = [r for r in rows if r["dtype"] == dt and r["causal"] == c]
+            labels = [k for k in dict.fromkeys(r["shape"] for r in sel)]
+            # Each shape's group of bars spans 0.8 around its tick, one slot per contender (an empty
+            # slot where a contender did not run that shape, e.g. FlexAttention or FP8).
+            width = 0.8 / max(1, len(impls))
+            for j, impl in enumerate(impls):
+                vals = [next((r.get(f"{pas}_tflops", 0) or 0 for r in sel if r["shape"] == lab and r["impl"] == impl), 0)
+                        for lab in labels]
+                ax.bar([x - 0.4 + (j + 0.5) * width for x in range(len(labels))], vals, width=width, label=impl)
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels([lab.replace("fa2paper_", "") for lab in labels], rotation=60, fontsize=7)
+            ax.set_title(f"{dt} {'causal' if c else 'non-causal'} {pas}")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{meta['device']} — {meta['date']}")
+        fig.tight_layout()
+        fig.savefig(out_dir / "bench.png", dpi=80)
+    except Exception:
+        traceback.print_exc()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json/.md/.png")
@@ -218,9 +252,15 @@ def main():
     ap.add_argument("--shapes", default="", help="only shapes whose name contains one of these (comma-separated)")
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     ap.add_argument("--dtypes", default="", help="bfloat16 and/or float16 (comma-separated; default both, --quick bf16)")
+    ap.add_argument("--replot", metavar="JSON", default="",
+                    help="only redraw bench.png in --out from an earlier run's bench.json (no GPU needed)")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text())
+        write_plot(saved["rows"], list(dict.fromkeys(r["impl"] for r in saved["rows"])), saved["meta"], out_dir)
+        return
 
     contenders = {"ours": None, "fa2": sdpa("FLASH_ATTENTION"), "cudnn": sdpa("CUDNN_ATTENTION"), "flex": flex}
     try:
@@ -380,33 +420,7 @@ def main():
         md += ["", "Errors:"] + errors
     (out_dir / "bench.md").write_text("\n".join(md) + "\n")
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        panels = [(dt, c, pas) for dt in sorted({r["dtype"] for r in rows}) for c in (False, True)
-                  for pas in ("fwd", "bwd")]
-        fig, axes = plt.subplots(len(panels) // 4 or 1, 4, figsize=(22, 5 * max(1, len(panels) // 4)), squeeze=False)
-        for ax, (dt, c, pas) in zip(axes.flat, panels):
-            sel = [r for r in rows if r["dtype"] == dt and r["causal"] == c]
-            labels = [k for k in dict.fromkeys(r["shape"] for r in sel)]
-            for j, impl in enumerate(impls):
-                vals = [next((r.get(f"{pas}_tflops", 0) or 0 for r in sel if r["shape"] == lab and r["impl"] == impl), 0)
-                        for lab in labels]
-                ax.bar([x + j * 0.2 for x in range(len(labels))], vals, width=0.2, label=impl)
-            ax.set_xticks(range(len(labels)))
-            ax.set_xticklabels([lab.replace("fa2paper_", "") for lab in labels], rotation=60, fontsize=7)
-            ax.set_title(f"{dt} {'causal' if c else 'non-causal'} {pas}")
-            ax.set_ylabel("TFLOP/s")
-            ax.legend(fontsize=7)
-        fig.suptitle(f"{meta['device']} — {meta['date']}")
-        fig.tight_layout()
-        fig.savefig(out_dir / "bench.png", dpi=80)
-    except Exception:
-        traceback.print_exc()
-
+    write_plot(rows, impls, meta, out_dir)
     print("\n".join(md))
 
 

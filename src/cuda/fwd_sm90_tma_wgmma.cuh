@@ -518,7 +518,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           softmax(hi - 1, alpha);
           pack_p();
           // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
-          // turn-taking (both consumers meet on a barrier there).
+          // turn-taking (every consumer warpgroup meets on a barrier there, those that do not see
+          // the tile from idle_round()).
           mbar_wait(v_full(stage), phase);
           if (hi == nb_max) prepare_v(hi - 1, stage);
 

@@ -104,7 +104,7 @@ namespace flashattn::cuda {
 // fragments head_dim / 4 (kQInRegs), so block_n shrinks as head_dim grows (FA-3's tile_size.h makes
 // the same trade).
 //   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
-//             S 64 + P 32 + O 32 registers (block_m 128 for short masked problems: 128 KB).
+//             S 64 + P 32 + O 32 registers.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0>

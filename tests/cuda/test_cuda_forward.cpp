@@ -72,12 +72,15 @@ std::vector<GpuCase> forward_cases() {
       add(c);
     }
     for (CausalAlign al : {CausalAlign::bottom_right, CausalAlign::top_left}) {
-      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{203, 113}, {113, 203}, {256, 256}, {1, 300}}) {
-        ProblemConfig c = base(dt, 2, sq, sk, 2, 2, 128);
-        c.causal = true;
-        c.align = al;
-        add(c);
-      }
+      // Both head_dim buckets: 128-row tiles of two warpgroups and head_dim 64's 192-row tiles of
+      // three, whose warpgroups each skip the key tiles their own rows do not see.
+      for (int64_t d : {128, 64})
+        for (auto [sq, sk] : {std::pair<int64_t, int64_t>{203, 113}, {113, 203}, {256, 256}, {1, 300}}) {
+          ProblemConfig c = base(dt, 2, sq, sk, 2, 2, d);
+          c.causal = true;
+          c.align = al;
+          add(c);
+        }
       ProblemConfig w = base(dt, 1, 300, 257, 2, 2, 64);
       w.window_size_left = 37;
       w.window_size_right = 11;
@@ -129,6 +132,25 @@ std::vector<GpuCase> forward_cases() {
     }
     add(base(dt, 1, 130, 77, 4, 1, 64));
     {
+      // Per-warpgroup key ranges (sm90 forward v6). Bottom-right aligned, rows 0-149 see no key:
+      // the first 192-row tile's warpgroups 0 and 1 have no key tile, and in the second tile
+      // warpgroup 2's rows are all past the end.
+      ProblemConfig c = base(dt, 1, 300, 150, 2, 2, 64);
+      c.causal = true;
+      add(c);
+      // A window: the second tile's middle warpgroup skips a key tile above its rows and one below
+      // (idle rounds before and after its own), head_dim 64; with two warpgroups (head_dim 128)
+      // the lower warpgroup skips the tiles below its rows.
+      c = base(dt, 1, 600, 600, 2, 2, 64);
+      c.window_size_left = 100;
+      c.window_size_right = 20;
+      add(c);
+      c = base(dt, 1, 600, 600, 2, 2, 128);
+      c.window_size_left = 30;
+      c.window_size_right = 0;
+      add(c);
+    }
+    {
       ProblemConfig c = base(dt, 0, 0, 0, 2, 1, 128);
       c.lens_q = {17, 0, 130, 1, 64};
       c.lens_k = {33, 7, 130, 0, 200};
@@ -142,6 +164,13 @@ std::vector<GpuCase> forward_cases() {
       add(c);
       // Multi-tile sequences whose last key tile crosses into the next sequence's rows.
       c = multi_tile_varlen(dt, 2, 2);
+      add(c);
+      c.causal = true;
+      add(c);
+      // The same at head_dim 64 (192-row tiles): a warpgroup past its sequence's end idles through
+      // more key tiles than the ring has stages, and idle warpgroups take part in the V zeroing.
+      c = multi_tile_varlen(dt, 2, 2);
+      c.head_dim = 64;
       add(c);
       c.causal = true;
       add(c);
