@@ -10,7 +10,8 @@ namespace flashattn::cuda {
 
 struct FwdBlock {
   int b, h, h_k;          // batch (sequence), query head, KV head
-  int m0;                 // first query row of the block within its sequence
+  int m0;                 // first query row of the block within its sequence (negative when the
+                          // tiles are end-aligned: rows m0 .. -1 are not the sequence's)
   int len_q, len_k;       // the sequence's lengths
   int64_t q_start, k_start;  // the sequence's first rows in q/out and k/v (0 when batched)
   int64_t offset;         // causal/window diagonal offset: len_k − len_q bottom-right, else 0
@@ -21,7 +22,9 @@ struct FwdBlock {
 // Fills `blk` for query block m_block of (batch b, query head h). Returns false when the block lies
 // past its sequence's end (varlen batches are sized by the longest sequence). The key range is
 // params.hpp's visible_keys() over rows m0 .. last_row.
-template <int kBlockM, int kBlockN>
+// kMayAlignEnd (the sm90 forward): with params.q_tiles_end_aligned, block m covers rows
+// m · kBlockM − shift .. with shift = (−len_q) mod kBlockM, so that the last block ends at the sequence's end.
+template <int kBlockM, int kBlockN, bool kMayAlignEnd = false>
 __device__ __forceinline__ bool fwd_block_at(const FwdParams& p, int m_block, int h, int b, FwdBlock& blk) {
   blk.h = h;
   blk.b = b;
@@ -35,12 +38,14 @@ __device__ __forceinline__ bool fwd_block_at(const FwdParams& p, int m_block, in
     blk.len_k = p.cu_seqlens_k[blk.b + 1] - p.cu_seqlens_k[blk.b];
   }
   blk.m0 = m_block * kBlockM;
+  if (kMayAlignEnd && p.q_tiles_end_aligned) blk.m0 -= (kBlockM - blk.len_q % kBlockM) % kBlockM;
   if (blk.m0 >= blk.len_q) return false;
+  const int64_t first_row = max(blk.m0, 0);
   blk.h_k = blk.h / p.head_ratio;
   blk.offset = p.align_bottom_right ? int64_t(blk.len_k) - blk.len_q : 0;
   blk.last_row = min(blk.m0 + kBlockM, blk.len_q) - 1;
   int64_t key_lo = 0, key_hi = blk.len_k;
-  if (p.window_size_left >= 0) key_lo = max(key_lo, blk.m0 + blk.offset - p.window_size_left);
+  if (p.window_size_left >= 0) key_lo = max(key_lo, first_row + blk.offset - p.window_size_left);
   if (p.window_size_right >= 0) key_hi = min(key_hi, blk.last_row + blk.offset + p.window_size_right + 1);
   blk.nb_min = key_lo >= key_hi ? 0 : int(key_lo / kBlockN);
   blk.nb_max = key_lo >= key_hi ? 0 : int((key_hi + kBlockN - 1) / kBlockN);
