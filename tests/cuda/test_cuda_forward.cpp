@@ -132,20 +132,20 @@ std::vector<GpuCase> forward_cases() {
     }
     add(base(dt, 1, 130, 77, 4, 1, 64));
     {
-      // Per-warpgroup key ranges (sm90 forward v6). Bottom-right aligned, rows 0-149 see no key:
-      // the first 192-row tile's warpgroups 0 and 1 have no key tile, and in the second tile
-      // warpgroup 2's rows are all past the end.
+      // Per-warpgroup key ranges and end-aligned query tiles (sm90 forward v6, v7). Bottom-right
+      // aligned, rows 0-149 see no key: the first 192-row tile (rows -84 .. 107) sees no key tile
+      // at all, and in the second one (rows 108 .. 299) warpgroups 0 and 1 skip the upper key tile.
       ProblemConfig c = base(dt, 1, 300, 150, 2, 2, 64);
       c.causal = true;
       add(c);
-      // A window: the second tile's middle warpgroup skips a key tile above its rows and one below
-      // (idle rounds before and after its own), head_dim 64; with two warpgroups (head_dim 128)
-      // the lower warpgroup skips the tiles below its rows.
+      // A window: the third tile's middle warpgroup (rows 280 .. 343) skips a key tile above its
+      // rows and one below (idle rounds before and after its own), head_dim 64; with two
+      // warpgroups (head_dim 128, tiles from row 0) the lower one skips the key tile below its rows.
       c = base(dt, 1, 600, 600, 2, 2, 64);
       c.window_size_left = 100;
       c.window_size_right = 20;
       add(c);
-      c = base(dt, 1, 600, 600, 2, 2, 128);
+      c = base(dt, 1, 640, 640, 2, 2, 128);
       c.window_size_left = 30;
       c.window_size_right = 0;
       add(c);
