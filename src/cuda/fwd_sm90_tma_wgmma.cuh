@@ -17,6 +17,11 @@
 // back to back and the softmax of S(j+1) runs while the P V product is still on the tensor cores;
 // only the rescale of O waits for it.
 //
+// Each consumer warpgroup computes only the key tiles its own 64 rows see; for the block's others
+// it takes its turn and frees their slots (idle_round). Under a mask with a right edge (causal) the
+// query tiles are end-aligned (fwd_block_at): a partial tile holds the sequence's first rows, which
+// see the fewest keys, and its rows before the start are computed from zeros and never written.
+//
 // Key tiles are visited from the last visible one down, so that tiles crossing the causal
 // diagonal or a window edge come first and are the only ones that pay per-element masking; the
 // visible key range bounds the loop (block skipping). Softcap and ALiBi are uniform runtime
