@@ -20,7 +20,8 @@
 // Each consumer warpgroup computes only the key tiles its own 64 rows see; for the block's others
 // it takes its turn and frees their slots (idle_round). Under a mask with a right edge (causal) the
 // query tiles are end-aligned (fwd_block_at): a partial tile holds the sequence's first rows, which
-// see the fewest keys, and its rows before the start are computed from zeros and never written.
+// see the fewest keys; its rows before the start (TMA zero fill, or a varlen batch's previous
+// sequence) are computed and never written.
 //
 // Key tiles are visited from the last visible one down, so that tiles crossing the causal
 // diagonal or a window edge come first and are the only ones that pay per-element masking; the
