@@ -21,7 +21,7 @@ struct FwdBlock {
 
 // Fills `blk` for query block m_block of (batch b, query head h). Returns false when the block lies
 // past its sequence's end (varlen batches are sized by the longest sequence). The key range is
-// params.hpp's visible_keys() over rows m0 .. last_row.
+// params.hpp's visible_keys() over rows max(m0, 0) .. last_row.
 // kMayAlignEnd (the sm90 forward): with params.q_tiles_end_aligned, block m covers rows
 // m · kBlockM − shift .. with shift = (−len_q) mod kBlockM, so that the last block ends at the sequence's end.
 template <int kBlockM, int kBlockN, bool kMayAlignEnd = false>

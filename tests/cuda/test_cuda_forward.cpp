@@ -72,9 +72,11 @@ std::vector<GpuCase> forward_cases() {
       add(c);
     }
     for (CausalAlign al : {CausalAlign::bottom_right, CausalAlign::top_left}) {
-      // Both head_dim buckets: 128-row tiles of two warpgroups and head_dim 64's 192-row tiles of
-      // three, whose warpgroups each skip the key tiles their own rows do not see.
-      for (int64_t d : {128, 64})
+      // Every head_dim bucket: 128-row tiles of two warpgroups, head_dim 64's 192-row tiles of
+      // three, whose warpgroups each skip the key tiles their own rows do not see, and head_dim
+      // 256's, whose warpgroups all go through the block's key tiles (end-aligned tiles: rows
+      // before the start in an active warpgroup).
+      for (int64_t d : {128, 64, 256})
         for (auto [sq, sk] : {std::pair<int64_t, int64_t>{203, 113}, {113, 203}, {256, 256}, {1, 300}}) {
           ProblemConfig c = base(dt, 2, sq, sk, 2, 2, d);
           c.causal = true;
@@ -148,6 +150,17 @@ std::vector<GpuCase> forward_cases() {
       c = base(dt, 1, 640, 640, 2, 2, 128);
       c.window_size_left = 30;
       c.window_size_right = 0;
+      add(c);
+      // Top-left aligned, seqlen_q < seqlen_k: a window and a varlen causal batch.
+      c = base(dt, 1, 257, 300, 2, 2, 64);
+      c.window_size_left = 37;
+      c.window_size_right = 11;
+      c.align = CausalAlign::top_left;
+      add(c);
+      c = multi_tile_varlen(dt, 2, 2);
+      c.head_dim = 64;
+      c.causal = true;
+      c.align = CausalAlign::top_left;
       add(c);
     }
     {
