@@ -19,12 +19,26 @@ struct FwdBlock {
   int nb_min, nb_max;     // key tiles [nb_min, nb_max) of block_n keys seen by some row (may be empty)
 };
 
+// The key tiles [lo, hi) of kBlockN keys that query rows first_row .. last_row (first_row <= last_row)
+// of a sequence can see (params.hpp's visible_keys() over those rows; offset as FwdBlock's); lo = hi
+// = 0 when they see none.
+template <int kBlockN>
+__device__ __forceinline__ void visible_key_tiles(const FwdParams& p, int64_t first_row, int64_t last_row,
+                                                  int64_t offset, int len_k, int& lo, int& hi) {
+  int64_t key_lo = 0, key_hi = len_k;
+  if (p.window_size_left >= 0) key_lo = max(key_lo, first_row + offset - p.window_size_left);
+  if (p.window_size_right >= 0) key_hi = min(key_hi, last_row + offset + p.window_size_right + 1);
+  lo = key_lo >= key_hi ? 0 : int(key_lo / kBlockN);
+  hi = key_lo >= key_hi ? 0 : int((key_hi + kBlockN - 1) / kBlockN);
+}
+
 // Fills `blk` for query block m_block of (batch b, query head h). Returns false when the block lies
 // past its sequence's end (varlen batches are sized by the longest sequence). The key range is
-// params.hpp's visible_keys() over rows max(m0, 0) .. last_row.
-// kMayAlignEnd (the sm90 forward): with params.q_tiles_end_aligned, block m covers rows
-// m · kBlockM − shift .. with shift = (−len_q) mod kBlockM, so that the last block ends at the sequence's end.
-template <int kBlockM, int kBlockN, bool kMayAlignEnd = false>
+// visible_key_tiles() over rows max(m0, 0) .. last_row.
+// kEndAligned (the sm90 forward): under a mask with a right edge (causal, or a window's), block m
+// covers rows m · kBlockM − shift .. with shift = (−len_q) mod kBlockM, so that the last block ends at
+// the sequence's end and a partial block holds the first rows, which see the fewest keys.
+template <int kBlockM, int kBlockN, bool kEndAligned = false>
 __device__ __forceinline__ bool fwd_block_at(const FwdParams& p, int m_block, int h, int b, FwdBlock& blk) {
   blk.h = h;
   blk.b = b;
@@ -38,17 +52,12 @@ __device__ __forceinline__ bool fwd_block_at(const FwdParams& p, int m_block, in
     blk.len_k = p.cu_seqlens_k[blk.b + 1] - p.cu_seqlens_k[blk.b];
   }
   blk.m0 = m_block * kBlockM;
-  if (kMayAlignEnd && p.q_tiles_end_aligned) blk.m0 -= (kBlockM - blk.len_q % kBlockM) % kBlockM;
+  if (kEndAligned && p.window_size_right >= 0) blk.m0 -= (kBlockM - blk.len_q % kBlockM) % kBlockM;
   if (blk.m0 >= blk.len_q) return false;
-  const int64_t first_row = max(blk.m0, 0);
   blk.h_k = blk.h / p.head_ratio;
   blk.offset = p.align_bottom_right ? int64_t(blk.len_k) - blk.len_q : 0;
   blk.last_row = min(blk.m0 + kBlockM, blk.len_q) - 1;
-  int64_t key_lo = 0, key_hi = blk.len_k;
-  if (p.window_size_left >= 0) key_lo = max(key_lo, first_row + blk.offset - p.window_size_left);
-  if (p.window_size_right >= 0) key_hi = min(key_hi, blk.last_row + blk.offset + p.window_size_right + 1);
-  blk.nb_min = key_lo >= key_hi ? 0 : int(key_lo / kBlockN);
-  blk.nb_max = key_lo >= key_hi ? 0 : int((key_hi + kBlockN - 1) / kBlockN);
+  visible_key_tiles<kBlockN>(p, max(blk.m0, 0), blk.last_row, blk.offset, blk.len_k, blk.nb_min, blk.nb_max);
   return true;
 }
 

@@ -489,15 +489,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           lo = nb_min;
           hi = nb_max;
         } else {
+          // (A subset of the block's [nb_min, nb_max), as its rows are.)
           const int64_t r_first = max(m0 + cw * 64, 0), r_last = min(int64_t(m0) + cw * 64 + 63, int64_t(len_q) - 1);
-          int64_t key_lo = 0, key_hi = len_k;
-          if (p.window_size_left >= 0) key_lo = max(key_lo, r_first + offset - p.window_size_left);
-          if (p.window_size_right >= 0) key_hi = min(key_hi, r_last + offset + p.window_size_right + 1);
-          if (r_first <= r_last && key_lo < key_hi) {
-            lo = max(nb_min, int(key_lo / BN));
-            hi = min(nb_max, int((key_hi + BN - 1) / BN));
-            if (lo >= hi) lo = hi = nb_min;
-          }
+          if (r_first <= r_last) visible_key_tiles<BN>(p, r_first, r_last, offset, len_k, lo, hi);
+          if (lo >= hi) lo = hi = nb_min;
         }
         auto idle_round = [&](int nb) {
           my_turn();
@@ -699,11 +694,6 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
                                         hk * Cfg::kHeadDim * p.vt_cols, Cfg::kHeadDim)
           : sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride, p.v_head_stride,
                                         p.v_batch_stride, Cfg::kBlockN);
-  FwdParams pk = p;
-  // End-aligned query tiles where the mask has a right edge (causal, or a window's): the partial
-  // tile then holds the rows that see the fewest keys (head_dim 64 causal, 192-row tiles: +2-4 % at
-  // seqlen 512, 1024 and 4096, perf-notes v7).
-  pk.q_tiles_end_aligned = p.window_size_right >= 0;
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -727,7 +717,7 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
-  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(pk, tq, tk, tv, num_m_blocks,
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
                                                                                  int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }

@@ -42,10 +42,6 @@ struct FwdParams {
   int64_t v_descale_batch_stride, v_descale_head_stride;
   const void* vt;
   int64_t vt_cols;
-  // sm90 forward: query tiles end at their sequence's end, so that a partial tile (seqlen_q not a
-  // multiple of block_m) holds the first rows, which under a causal mask see the fewest keys
-  // (fwd_block_at). Set by the launcher where the mask has a right edge.
-  bool q_tiles_end_aligned;
 };
 
 // A tile configuration: head_dim bucket, block_n, m-tiles per warp, and how far the k-step loop of
