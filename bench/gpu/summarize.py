@@ -10,11 +10,12 @@ import sys
 
 
 def main(path):
-    rows = json.load(open(path))["rows"]
+    with open(path) as f:
+        run = json.load(f)
     by = {}
-    for r in rows:
+    for r in run["rows"]:
         by.setdefault((r["shape"], r["dtype"], r["causal"]), {})[r["impl"]] = r
-    print(f"{path}: {json.load(open(path))['meta']}")
+    print(f"{path}: {run['meta']}")
     print("| pass | shapes | ours / FA-2 (min · median · max) | ours >= FA-2 | ours / cuDNN (min · median · max) | ours >= cuDNN |")
     print("| --- | --- | --- | --- | --- | --- |")
     for pas in ("fwd", "bwd"):
