@@ -479,10 +479,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         release(q_empty);
         }
         // This warpgroup's own key tiles [lo, hi): those its 64 rows see. Where they are fewer than
-        // the block's (rows past the sequence end in a tile that crosses it, rows before its start in
-        // an end-aligned first tile, 64-row steps under a causal mask or a window), the warpgroup skips the others' products and softmax, but still
-        // takes its turn and frees their K / V slots, in the same rounds: round r of a tile is
-        // S(nb_max - 1 - r) and P(nb_max - r) V for every warpgroup, so the turns stay in step.
+        // the block's (rows past the sequence end in a tile that crosses it, rows before its start
+        // in an end-aligned first tile, 64-row steps under a causal mask or a window), the
+        // warpgroup skips the others' products and softmax, but still takes its turn and frees
+        // their K / V slots, in the same rounds: round r of a tile is S(nb_max - 1 - r) and
+        // P(nb_max - r) V for every warpgroup, so the turns stay in step.
         // (Not at head_dim 256, whose 240 registers have no room for the bookkeeping: 2 spills.)
         int lo = nb_min, hi = nb_min;
         if constexpr (D > 128) {
