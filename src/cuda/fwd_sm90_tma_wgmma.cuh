@@ -55,11 +55,33 @@
 
 namespace flashattn::cuda {
 
+// Diagnostic timeline (bench/gpu/fwd_timeline.cu, the only build that defines FLASHATTN_FWD_TRACE):
+// clock64() at chosen points of each warpgroup's first tiles in the first blocks, to see where a
+// tile's time goes between its products (docs/perf-notes.md). Compiled out everywhere else.
+#ifdef FLASHATTN_FWD_TRACE
+constexpr int kTraceBlocks = 132, kTraceTiles = 24, kTraceEvents = 64;
+__device__ long long g_fwd_trace[kTraceBlocks][4][kTraceTiles][kTraceEvents];
+#define FWD_TRACE(role, j, ev)                                                                       \
+  do {                                                                                               \
+    if ((threadIdx.x & 127) == 0 && blockIdx.x < kTraceBlocks && (j) < kTraceTiles && (ev) < kTraceEvents) \
+      g_fwd_trace[blockIdx.x][role][j][ev] = clock64();                                             \
+  } while (0)
+// Consumers: round r of a tile's main loop at events 8 + 4r .. 11 + 4r (r < 12); producer: K / V
+// load i at 8 + 2i, 9 + 2i (i < 24). Past those, dropped.
+#define FWD_TRACE_ROUND(r, k) ((r) < 12 ? 8 + 4 * (r) + (k) : kTraceEvents)
+#define FWD_TRACE_LOAD(i, k) ((i) < 24 ? 8 + 2 * (i) + (k) : kTraceEvents)
+#else
+#define FWD_TRACE(role, j, ev) \
+  do {                         \
+  } while (0)
+#endif
+
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
-                    const int num_m_blocks, const int num_tiles, int* const tile_counter) {
+                    const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const int num_m_blocks,
+                    const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   // FP8 (e4m3): k and Vᵀ tiles K-major for both products (8-bit wgmma has no transpose), out bf16.
@@ -144,6 +166,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       uint32_t phase = 0;
       int tile = blockIdx.x;
       for (int j = 0;; ++j) {
+        FWD_TRACE(0, j, 0);
         FwdBlock blk;
         bool real = tile < num_tiles && tile_block(tile, blk);
         if (dynamic) {
@@ -163,6 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int nb = blk.nb_max - 1; nb >= blk.nb_min; --nb) {
             const int row = int(blk.k_start) + nb * BN;
             mbar_wait(k_empty(stage), phase ^ 1);
+            FWD_TRACE(0, j, FWD_TRACE_LOAD(blk.nb_max - 1 - nb, 0));
             mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
             tma_load_tile<kPanels, BN, kPanelCols>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k,
                                                    tma_batch);
@@ -171,11 +195,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               // stays in shared memory, with the tile's last S = Q Kᵀ), after the first K, so that a
               // free ring slot need not wait for that.
               mbar_wait(q_empty, (loaded & 1) ^ 1);
+              FWD_TRACE(0, j, 2);
               mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
               tma_load_tile<kPanels, BM, kPanelCols>(sQ, &tmap_q, q_full, int(blk.q_start) + blk.m0, blk.h, tma_batch);
               ++loaded;
             }
             mbar_wait(v_empty(stage), phase ^ 1);
+            FWD_TRACE(0, j, FWD_TRACE_LOAD(blk.nb_max - 1 - nb, 1));
             mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
             if constexpr (kFp8)  // Vᵀ: head_dim rows of block_n key bytes (one panel), keys from nb · block_n
               tma_load_4d(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), nb * BN, 0, blk.h_k, tma_batch);
@@ -234,6 +260,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     int static_tile = blockIdx.x;
     for (int j = 0;; ++j) {
+      FWD_TRACE(cw + 1, j, 0);
       int tile = static_tile;
       static_tile = next_static_tile(static_tile);
       if (dynamic) {
@@ -462,7 +489,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         };
 
+        FWD_TRACE(cw + 1, j, 1);
         mbar_wait(q_full, loaded & 1);
+        FWD_TRACE(cw + 1, j, 2);
         ++loaded;
         if constexpr (Cfg::kQInRegs) {
           // Warp w's 16 rows as four 8x8 matrices per k-step (rows +0 / +8, columns +0 / +8: the
@@ -506,19 +535,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           stage = stage + 1 == S ? 0 : stage + 1;
           if (stage == 0) phase ^= 1;
         };
+        FWD_TRACE(cw + 1, j, 3);
         for (int nb = nb_max - 1; nb >= hi; --nb) idle_round(nb);
         if (lo < hi) {
           float alpha[2];
           // First tile: S, softmax; O is still zero, so nothing to rescale.
           mbar_wait(k_full(stage), phase);
           my_turn();
+          FWD_TRACE(cw + 1, j, 4);
           issue_qk(stage);
           your_turn();
           wgmma_wait<0>();
+          FWD_TRACE(cw + 1, j, 5);
           fence_s();
           release(k_empty(stage));
           softmax(hi - 1, alpha);
           pack_p();
+          FWD_TRACE(cw + 1, j, 6);
           // Only the first (highest) tile can cross the sequence end: prepare its V now, outside the
           // turn-taking (every consumer warpgroup meets on a barrier there, those that do not see
           // the tile from idle_round()).
@@ -529,16 +562,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int next = stage + 1 == S ? 0 : stage + 1;
             const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
             mbar_wait(k_full(next), next_phase);
+            FWD_TRACE(cw + 1, j, FWD_TRACE_ROUND(hi - 2 - nb, 0));
             my_turn();
+            FWD_TRACE(cw + 1, j, FWD_TRACE_ROUND(hi - 2 - nb, 1));
             issue_qk(next);
             mbar_wait(v_full(stage), phase);
             issue_pv(stage);
             your_turn();
             wgmma_wait<1>();  // S(nb) is done; P(nb+1) V(nb+1) may still run
+            FWD_TRACE(cw + 1, j, FWD_TRACE_ROUND(hi - 2 - nb, 2));
             fence_s();
             release(k_empty(next));
             softmax(nb, alpha);
             wgmma_wait<0>();
+            FWD_TRACE(cw + 1, j, FWD_TRACE_ROUND(hi - 2 - nb, 3));
             fence_o();
             release(v_empty(stage));
 #pragma unroll
@@ -556,9 +593,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!Cfg::kQInRegs) release(q_empty);
           mbar_wait(v_full(stage), phase);
           my_turn();
+          FWD_TRACE(cw + 1, j, 56);
           issue_pv(stage);
           your_turn();
           wgmma_wait<0>();
+          FWD_TRACE(cw + 1, j, 57);
           fence_o();
           release(v_empty(stage));
           stage = stage + 1 == S ? 0 : stage + 1;
@@ -578,19 +617,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // where sO is the Q tile, the other warpgroup's wgmmas read only its own rows) and stores
       // 16-byte chunks; it reads them back before it stages the next tile's.
       // (Rows before the sequence's start, m0 + row < 0, belong to no output: end-aligned tiles.)
-      OutStorage* const out_base = static_cast<OutStorage*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+      // With o_tma (launch_fwd_sm90_config: batched, and out fits a tensor map) one thread per
+      // warpgroup stores its 64 rows with TMA stores, which skip rows and columns outside out
+      // (end-aligned rows before the start, rows past seqlen_q, columns past head_dim_v): the
+      // warpgroup's 128 threads then spend a barrier on the store instead of a loop of 16-byte
+      // stores on the path to the next tile's first product (~1000 cycles per tile, bench/gpu/
+      // fwd_timeline.cu). Named barrier 5 + cw is the warpgroup's own. Its previous store must
+      // have read sO before the rows are staged again.
+      if (o_tma) {
+        if (tid == 0) bulk_wait_read<0>();
+        named_barrier_sync(5 + cw, 128);
+      }
+      float inv[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float l = quad_sum(row_sum[hr]);
         // l = 0: no visible key (out 0, lse −inf); l NaN (a NaN score): out and lse NaN.
         const bool seen = !(l <= 0.f);
-        const float inv = bad_descale ? NAN : seen ? v_scale / l : 0.f;
+        inv[hr] = bad_descale ? NAN : seen ? v_scale / l : 0.f;
         const int row = row0 + hr * 8;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          const uint32_t packed = pack2<Out>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-          *reinterpret_cast<uint32_t*>(smem_o + swizzled_chunk<BM>(row, j) + 4 * t) = packed;
-        }
         if (p.lse != nullptr && t == 0 && m0 + row >= 0 && m0 + row < len_q) {
           const float lse = bad_descale ? NAN
                             : seen     ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2
@@ -598,19 +643,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
       }
-      __syncwarp();
-      constexpr int kChunks = D / 8;
+      // O's fragments as 8 x 8 matrices (rows +0 / +8, columns 16kk + 0..7 / 8..15; the wgmma
+      // accumulator is the mma.sync one) by stmatrix: lane l gives the 16-byte row of matrix l / 8.
+      const int o_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-      for (int it = 0; it < 16 * kChunks / 32; ++it) {
-        const int i = lane + it * 32;
-        const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
-        if (m0 + row >= 0 && m0 + row < len_q && c * 8 < p.head_dim_v) {
-          const uint4 val = *reinterpret_cast<const uint4*>(smem_o + swizzled_chunk<BM>(row, c));
-          *reinterpret_cast<uint4*>(out_base + (q_start + m0 + row) * p.o_row_stride + c * 8) = val;
-        }
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const float* x = o + 8 * kk;
+        stmatrix_x4(sO + swizzled_chunk<BM>(o_row, 2 * kk + (lane >> 4)), pack2<Out>(x[0] * inv[0], x[1] * inv[0]),
+                    pack2<Out>(x[2] * inv[1], x[3] * inv[1]), pack2<Out>(x[4] * inv[0], x[5] * inv[0]),
+                    pack2<Out>(x[6] * inv[1], x[7] * inv[1]));
       }
-      __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
+      FWD_TRACE(cw + 1, j, 58);
+      // (A box that starts before row 0, the end-aligned first tile of a sequence, faults on the
+      // H200 as an illegal instruction: such rows take the per-thread stores.)
+      if (o_tma && m0 + cw * 64 >= 0) {
+        fence_proxy_async();  // the staging writes before the async proxy's reads
+        named_barrier_sync(5 + cw, 128);
+        if (tid == 0) {
+#pragma unroll
+          for (int pn = 0; pn < D / 64; ++pn)
+            tma_store_4d(&tmap_o, sO + pn * BM * 128 + cw * 64 * 128, pn * 64, m0 + cw * 64, h, b);
+          bulk_commit();
+        }
+      } else {
+        __syncwarp();
+        OutStorage* const out_base = static_cast<OutStorage*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+        constexpr int kChunks = D / 8;
+#pragma unroll
+        for (int it = 0; it < 16 * kChunks / 32; ++it) {
+          const int i = lane + it * 32;
+          const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
+          if (m0 + row >= 0 && m0 + row < len_q && c * 8 < p.head_dim_v) {
+            const uint4 val = *reinterpret_cast<const uint4*>(smem_o + swizzled_chunk<BM>(row, c));
+            *reinterpret_cast<uint4*>(out_base + (q_start + m0 + row) * p.o_row_stride + c * 8) = val;
+          }
+        }
+        __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
+      }
+      FWD_TRACE(cw + 1, j, 59);
     }
+    // The stores must be done before the block's shared memory goes.
+    if (o_tma && tid == 0) bulk_wait_all();
     if (cw == 0) my_turn();  // consumes the last warpgroup's last arrival
   }
 #endif
@@ -695,6 +768,19 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
                                         hk * Cfg::kHeadDim * p.vt_cols, Cfg::kHeadDim)
           : sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, hk, nb, p.v_row_stride, p.v_head_stride,
                                         p.v_batch_stride, Cfg::kBlockN);
+  // out by TMA stores where a batched out fits a tensor map (strides of dims longer than 1 in
+  // (0, 2^39) elements; the dispatch already asks 16-byte alignment of them and of the pointer). A
+  // varlen tile that crosses its sequence's end holds the next sequence's rows, which a box would
+  // overwrite: those keep the per-thread stores. FLASHATTN_CUDA_FWD_O_TMA=0 (testing) forces them.
+  using Out = typename OutElem<Elem>::type;
+  auto fits = [](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride < (int64_t{1} << 39)); };
+  static const bool o_tma_off = env_is("FLASHATTN_CUDA_FWD_O_TMA", "0");
+  const bool o_tma = !varlen && !o_tma_off && fits(rows_q, p.o_row_stride) && fits(p.num_heads, p.o_head_stride) &&
+                     fits(nb, p.o_batch_stride);
+  CUtensorMap to{};
+  if (o_tma)
+    to = sm90::make_tensor_map<Out>("out", p.out, p.head_dim_v, rows_q, p.num_heads, nb, p.o_row_stride,
+                                    p.o_head_stride, p.o_batch_stride, 64);
   auto kernel = fwd_sm90_kernel<Elem, Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   const int num_m_blocks = (max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -718,7 +804,7 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
-  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, num_m_blocks,
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, to, o_tma, num_m_blocks,
                                                                                  int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
