@@ -50,6 +50,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/fwd_block.cuh"
 #include "cuda/fwd_traits.hpp"
+#include "cuda/grid_order.hpp"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/sm90_utils.cuh"
 
@@ -80,7 +81,8 @@ template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
-                    const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const int num_m_blocks,
+                    const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const FastDiv m_blocks,
+                    const FastDiv heads,
                     const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
@@ -113,8 +115,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x);
   };
   auto tile_block = [&](int tile, FwdBlock& blk) {
-    const int mi = tile % num_m_blocks, bh = tile / num_m_blocks;
-    return fwd_block_at<BM, BN, true>(p, num_m_blocks - 1 - mi, bh % p.num_heads, bh / p.num_heads, blk);
+    // (m_blocks.d query blocks per head, heads.d = p.num_heads.)
+    const int bh = m_blocks.div(tile), mi = tile - bh * m_blocks.d;
+    const int b = heads.div(bh), h = bh - b * heads.d;
+    return fwd_block_at<BM, BN, true>(p, m_blocks.d - 1 - mi, h, b, blk);
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -804,7 +808,8 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
-  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, to, o_tma, num_m_blocks,
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, to, o_tma, FastDiv(num_m_blocks),
+                                                                                 FastDiv(p.num_heads),
                                                                                  int(num_tiles), persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }

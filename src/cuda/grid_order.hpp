@@ -51,4 +51,31 @@ inline int bwd_tail_pairs(int64_t pairs, int64_t tiles, int sms, bool masked) {
   return int(g < 1 ? 1 : g > pairs ? pairs : g);
 }
 
+// n / d for 0 <= n < 2^31 and a fixed d >= 1 by a multiply-high and a shift (Granlund and
+// Montgomery 1994, Sec. 4: m = ceil(2^(31 + l) / d) with l = ceil(log2 d) is exact for 31-bit n).
+// The persistent forward splits a tile index into (batch, head, query block) at every tile, and
+// its two divisions by runtime values were ~100 dependent instructions (I2F, MUFU.RCP, F2I, ...)
+// between a tile's epilogue and its next first product (bench/gpu/fwd_timeline.cu).
+struct FastDiv {
+  int d = 1;
+  uint32_t mul = 0, shr = 0;  // d = 1: n itself
+  FastDiv() = default;
+  explicit FastDiv(int divisor) : d(divisor) {
+    if (d <= 1) return;
+    uint32_t l = 0;
+    while ((uint64_t(1) << l) < uint64_t(d)) ++l;
+    const uint64_t p = 31 + l;
+    mul = uint32_t(((uint64_t(1) << p) + uint64_t(d) - 1) / uint64_t(d));
+    shr = uint32_t(p - 32);
+  }
+  FLASHATTN_HOST_DEVICE int div(int n) const {
+    if (d == 1) return n;
+#if defined(__CUDA_ARCH__)
+    return int(__umulhi(uint32_t(n), mul) >> shr);
+#else
+    return int(uint32_t((uint64_t(uint32_t(n)) * mul) >> 32) >> shr);
+#endif
+  }
+};
+
 }  // namespace flashattn::cuda

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "cuda/grid_order.hpp"
@@ -54,6 +55,35 @@ TEST(CudaGridOrder, TailPairs) {
   EXPECT_EQ(bwd_tail_pairs(8, 64, 132, true), 5);     // Llama-3.1-8B s8192: 5 x 64 = 320 >= 264
   EXPECT_EQ(bwd_tail_pairs(3, 4, 132, true), 3);      // fewer pairs than that: all of them
   EXPECT_EQ(bwd_tail_pairs(16, 1000, 132, true), 1);  // one pair already holds two waves
+}
+
+// The forward's tile split (FastDiv, grid_order.hpp): n / d by multiply-high and shift equals the
+// integer division for every 31-bit n, checked at the edges of each quotient and at random n for
+// divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
+TEST(CudaGridOrder, FastDivMatchesDivision) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<int> divisors;
+  for (int d = 1; d <= 4100; ++d) divisors.push_back(d);
+  for (int e = 12; e <= 30; ++e)
+    for (int delta : {-1, 0, 1}) divisors.push_back((1 << e) + delta);
+  divisors.push_back(0x7fffffff);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(int(1 + rng() % 0x7fffffff));
+  for (const int d : divisors) {
+    const FastDiv f(d);
+    auto check = [&](int64_t n) {
+      if (n < 0 || n > 0x7fffffff) return;
+      ASSERT_EQ(f.div(int(n)), int(n / d)) << "n " << n << ", d " << d;
+    };
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(d) - 1, int64_t(d), int64_t(d) + 1, int64_t(0x7fffffff),
+                      int64_t(0x7ffffffe), int64_t(0x7fffffff) - d})
+      check(n);
+    for (int64_t q : {int64_t(2), int64_t(3), int64_t(1000), int64_t(0x7fffffff) / d}) {
+      check(q * d - 1);
+      check(q * d);
+      check(q * d + d - 1);
+    }
+    for (int i = 0; i < 200; ++i) check(int64_t(rng() % 0x80000000ull));
+  }
 }
 
 }  // namespace
