@@ -156,6 +156,15 @@ if [[ $what == *tests* ]]; then
   cat "$OUT/tests_persist3.log" >> "$OUT/tests_sm80.log"
   summary+=("forward tests (FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_persist3.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_persist3.log") failed, $(( $(date +%s) - start )) s")
   rm -f "$OUT/tests_persist3.log"
+  # And with out stored per thread instead of by TMA (FLASHATTN_CUDA_FWD_O_TMA=0: the path varlen
+  # batches and strides that fit no tensor map take).
+  start=$(date +%s)
+  FLASHATTN_CUDA_FWD_O_TMA=0 $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_no_o_tma.log" 2>&1
+  rc=$?
+  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_no_o_tma.log" | sort -u | head -20
+  cat "$OUT/tests_no_o_tma.log" >> "$OUT/tests_sm80.log"
+  summary+=("forward tests (FLASHATTN_CUDA_FWD_O_TMA=0): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_no_o_tma.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_no_o_tma.log") failed, $(( $(date +%s) - start )) s")
+  rm -f "$OUT/tests_no_o_tma.log"
 fi
 
 if [[ $what == *sanitize* ]]; then

@@ -617,17 +617,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
 
       // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
-      // lse −inf. Each warp stages its own 16 rows in the same rows of sO (no other warp reads them;
-      // where sO is the Q tile, the other warpgroup's wgmmas read only its own rows) and stores
-      // 16-byte chunks; it reads them back before it stages the next tile's.
+      // lse −inf. Each warp stages its own 16 rows in the same rows of sO with stmatrix (no other
+      // warp reads them; where sO is the Q tile, the other warpgroup's wgmmas read only its own
+      // rows). With o_tma (launch_fwd_sm90_config: batched, and out fits a tensor map) one thread
+      // per warpgroup then stores its 64 rows with TMA stores, which skip the rows past seqlen_q
+      // and the columns past head_dim_v; the warpgroup's 128 threads spend a barrier on that
+      // instead of a loop of 16-byte stores on the path to the next tile's first product (~800
+      // cycles per tile at head_dim 128, bench/gpu/fwd_timeline.cu). Otherwise each warp reads
+      // its rows back and stores them in 16-byte chunks. Named barrier 5 + cw is the warpgroup's
+      // own; its previous TMA store must have read sO before the rows are staged again.
       // (Rows before the sequence's start, m0 + row < 0, belong to no output: end-aligned tiles.)
-      // With o_tma (launch_fwd_sm90_config: batched, and out fits a tensor map) one thread per
-      // warpgroup stores its 64 rows with TMA stores, which skip rows and columns outside out
-      // (end-aligned rows before the start, rows past seqlen_q, columns past head_dim_v): the
-      // warpgroup's 128 threads then spend a barrier on the store instead of a loop of 16-byte
-      // stores on the path to the next tile's first product (~1000 cycles per tile, bench/gpu/
-      // fwd_timeline.cu). Named barrier 5 + cw is the warpgroup's own. Its previous store must
-      // have read sO before the rows are staged again.
       if (o_tma) {
         if (tid == 0) bulk_wait_read<0>();
         named_barrier_sync(5 + cw, 128);
@@ -808,9 +807,9 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
-  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(p, tq, tk, tv, to, o_tma, FastDiv(num_m_blocks),
-                                                                                 FastDiv(p.num_heads),
-                                                                                 int(num_tiles), persistent ? counter.ptr : nullptr);
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
+      p, tq, tk, tv, to, o_tma, FastDiv(num_m_blocks), FastDiv(p.num_heads), int(num_tiles),
+      persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 
