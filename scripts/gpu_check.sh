@@ -147,24 +147,22 @@ if [[ $what == *tests* ]]; then
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_sm80.log" | sort -u | head -20
   grep -E "(forward|backward) kernel:" "$OUT/tests_sm80.log" | head -2
   summary+=("tests (FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_sm80.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_sm80.log") failed, $(( $(date +%s) - start )) s")
-  # The forward suite once more with 3 persistent blocks: small shapes then take several tiles per
-  # block (static order when nothing is masked, the atomic counter for causal, windows, varlen).
-  start=$(date +%s)
-  FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_persist3.log" 2>&1
-  rc=$?
-  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_persist3.log" | sort -u | head -20
-  cat "$OUT/tests_persist3.log" >> "$OUT/tests_sm80.log"
-  summary+=("forward tests (FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_persist3.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_persist3.log") failed, $(( $(date +%s) - start )) s")
-  rm -f "$OUT/tests_persist3.log"
-  # And with out stored per thread instead of by TMA (FLASHATTN_CUDA_FWD_O_TMA=0: the path varlen
-  # batches and strides that fit no tensor map take).
-  start=$(date +%s)
-  FLASHATTN_CUDA_FWD_O_TMA=0 $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_no_o_tma.log" 2>&1
-  rc=$?
-  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_no_o_tma.log" | sort -u | head -20
-  cat "$OUT/tests_no_o_tma.log" >> "$OUT/tests_sm80.log"
-  summary+=("forward tests (FLASHATTN_CUDA_FWD_O_TMA=0): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_no_o_tma.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_no_o_tma.log") failed, $(( $(date +%s) - start )) s")
-  rm -f "$OUT/tests_no_o_tma.log"
+  # The forward suite again under one testing switch (`env` assignments), appended to tests_sm80.log.
+  forward_suite_with() {
+    start=$(date +%s)
+    env "$@" $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_switch.log" 2>&1
+    rc=$?
+    grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_switch.log" | sort -u | head -20
+    cat "$OUT/tests_switch.log" >> "$OUT/tests_sm80.log"
+    summary+=("forward tests ($*): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_switch.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_switch.log") failed, $(( $(date +%s) - start )) s")
+    rm -f "$OUT/tests_switch.log"
+  }
+  # 3 persistent blocks: small shapes then take several tiles per block (static order when nothing
+  # is masked, the atomic counter for causal, windows, varlen).
+  forward_suite_with FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  # out stored per thread instead of by TMA (the path varlen batches and strides that fit no tensor
+  # map take).
+  forward_suite_with FLASHATTN_CUDA_FWD_O_TMA=0
 fi
 
 if [[ $what == *sanitize* ]]; then
