@@ -87,6 +87,18 @@ std::vector<BwdCase> backward_cases() {
       c.alibi = Alibi::per_head;
       c.causal = true;
       add(c);
+      // Batched key tiles that no query sees (top-left causal, seqlen_k past seqlen_q: the dK/dV
+      // kernel's blocks with no step, which store zeros) in the 64 and 128 buckets, and head_dim_v
+      // 64 in the 128 bucket (dv's second 64-column panel wholly past its columns).
+      c = base(dt, 1, 50, 300, 2, 1, 64);
+      c.causal = true;
+      c.align = CausalAlign::top_left;
+      add(c);
+      c.head_dim = 128;
+      add(c);
+      c = base(dt, 1, 150, 200, 2, 1, 128);
+      c.head_dim_v = 64;
+      add(c);
       // head_dim bucket 256 (the Hopper kernel whose consumers split the head dimension and pass
       // Pᵀ / dSᵀ through shared memory): many query tiles per 64-key tile with GQA and a causal
       // mask, a window with softcap at head_dim 192, varlen tiles that cross sequence ends (also
