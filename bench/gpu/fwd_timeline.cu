@@ -11,22 +11,16 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <vector>
 
 #include "cuda/fwd_sm90_tma_wgmma.cuh"
 
 using namespace flashattn::cuda;
 
-#define CHECK(x)                                                                 \
-  do {                                                                           \
-    cudaError_t e = (x);                                                         \
-    if (e != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));              \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+namespace {
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 6) {
     std::fprintf(stderr, "usage: %s batch seqlen heads head_dim(64|128) causal(0|1) [trace.bin]\n", argv[0]);
     return 2;
@@ -42,14 +36,14 @@ int main(int argc, char** argv) {
   }
   void *q, *k, *v, *o;
   float* lse;
-  CHECK(cudaMalloc(&q, n * 2));
-  CHECK(cudaMalloc(&k, n * 2));
-  CHECK(cudaMalloc(&v, n * 2));
-  CHECK(cudaMalloc(&o, n * 2));
-  CHECK(cudaMalloc(&lse, size_t(b) * h * s * 4));
-  CHECK(cudaMemcpy(q, host.data(), n * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(k, host.data(), n * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(v, host.data(), n * 2, cudaMemcpyHostToDevice));
+  FA_CUDA_CHECK(cudaMalloc(&q, n * 2));
+  FA_CUDA_CHECK(cudaMalloc(&k, n * 2));
+  FA_CUDA_CHECK(cudaMalloc(&v, n * 2));
+  FA_CUDA_CHECK(cudaMalloc(&o, n * 2));
+  FA_CUDA_CHECK(cudaMalloc(&lse, size_t(b) * h * s * 4));
+  FA_CUDA_CHECK(cudaMemcpy(q, host.data(), n * 2, cudaMemcpyHostToDevice));
+  FA_CUDA_CHECK(cudaMemcpy(k, host.data(), n * 2, cudaMemcpyHostToDevice));
+  FA_CUDA_CHECK(cudaMemcpy(v, host.data(), n * 2, cudaMemcpyHostToDevice));
 
   FwdParams p{};
   p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
@@ -73,17 +67,17 @@ int main(int argc, char** argv) {
       launch_fwd_sm90<BF16, 128>(p, b, s, s, s, nullptr);
   };
   for (int i = 0; i < 20; ++i) launch();
-  CHECK(cudaDeviceSynchronize());
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  FA_CUDA_CHECK(cudaEventCreate(&e0));
+  FA_CUDA_CHECK(cudaEventCreate(&e1));
   constexpr int kIters = 50;
-  CHECK(cudaEventRecord(e0));
+  FA_CUDA_CHECK(cudaEventRecord(e0));
   for (int i = 0; i < kIters; ++i) launch();
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
+  FA_CUDA_CHECK(cudaEventRecord(e1));
+  FA_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0.f;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  FA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
   const double us = 1000.0 * ms / kIters;
   const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
   std::printf("b%d s%d h%d d%d causal %d: %.1f us per call, %.0f TFLOP/s\n", b, s, h, d, int(causal), us,
@@ -91,12 +85,12 @@ int main(int argc, char** argv) {
 #ifdef FLASHATTN_FWD_TRACE
   if (argc > 6) {
     void* sym = nullptr;
-    CHECK(cudaGetSymbolAddress(&sym, g_fwd_trace));
-    CHECK(cudaMemset(sym, 0, sizeof(g_fwd_trace)));
+    FA_CUDA_CHECK(cudaGetSymbolAddress(&sym, g_fwd_trace));
+    FA_CUDA_CHECK(cudaMemset(sym, 0, sizeof(g_fwd_trace)));
     launch();
-    CHECK(cudaDeviceSynchronize());
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<long long> trace(sizeof(g_fwd_trace) / sizeof(long long));
-    CHECK(cudaMemcpy(trace.data(), sym, sizeof(g_fwd_trace), cudaMemcpyDeviceToHost));
+    FA_CUDA_CHECK(cudaMemcpy(trace.data(), sym, sizeof(g_fwd_trace), cudaMemcpyDeviceToHost));
     FILE* f = std::fopen(argv[6], "wb");
     std::fwrite(trace.data(), sizeof(long long), trace.size(), f);
     std::fclose(f);
@@ -106,3 +100,16 @@ int main(int argc, char** argv) {
 #endif
   return 0;
 }
+
+}  // namespace
+
+// CUDA and launch errors arrive as flashattn::Error (FA_CUDA_CHECK, the launch's own checks).
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fwd_timeline: %s\n", e.what());
+    return 1;
+  }
+}
+

@@ -22,6 +22,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/fwd_traits.hpp"
 #include "cuda/kernel_utils.cuh"
+#include "cuda/sm90_utils.cuh"
 
 #ifdef FLASHATTN_CUDA_HAS_BWD  // defined by src/cuda/CMakeLists.txt when the backward is built
 #include "cuda/bwd_launch.hpp"
@@ -117,7 +118,6 @@ std::optional<std::string> tma_misfit(const detail::Params& p, bool bwd, const c
   // whose kernels write out = 0, lse = -inf and zero gradients for them.
   if (p.rows_q < 1) return std::string("q: expected at least one query") + context + " (TMA maps), got seqlen_q 0";
   if (p.rows_k < 1) return std::string("k: expected at least one key") + context + " (TMA maps), got seqlen_k 0";
-  constexpr int64_t kMaxStride = (int64_t{1} << 39) - 1;
   const int64_t nb = p.is_varlen ? 1 : p.batch;
   struct Strided {
     const char* name;
@@ -132,7 +132,7 @@ std::optional<std::string> tma_misfit(const detail::Params& p, bool bwd, const c
     const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
         {"batch", {nb, t.batch_stride}}, {"row", {t.rows, t.row_stride}}, {"head", {t.heads, t.head_stride}}};
     for (const auto& [which, ns] : dims) {
-      if (t.rows > 0 && ns.first > 1 && (ns.second <= 0 || ns.second > kMaxStride)) {
+      if (t.rows > 0 && !sm90::tma_dim_fits(ns.first, ns.second)) {
         return std::string(t.name) + ": expected the " + which + " stride in (0, 2^39) elements" + context +
                " (TMA maps; broadcast heads or rows need a copy), got " + std::to_string(ns.second);
       }

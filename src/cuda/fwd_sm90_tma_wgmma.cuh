@@ -776,10 +776,9 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   // varlen tile that crosses its sequence's end holds the next sequence's rows, which a box would
   // overwrite: those keep the per-thread stores. FLASHATTN_CUDA_FWD_O_TMA=0 (testing) forces them.
   using Out = typename OutElem<Elem>::type;
-  auto fits = [](int64_t n, int64_t stride) { return n <= 1 || (stride > 0 && stride < (int64_t{1} << 39)); };
   static const bool o_tma_off = env_is("FLASHATTN_CUDA_FWD_O_TMA", "0");
-  const bool o_tma = !varlen && !o_tma_off && fits(rows_q, p.o_row_stride) && fits(p.num_heads, p.o_head_stride) &&
-                     fits(nb, p.o_batch_stride);
+  const bool o_tma = !varlen && !o_tma_off && sm90::tma_dim_fits(rows_q, p.o_row_stride) &&
+                     sm90::tma_dim_fits(p.num_heads, p.o_head_stride) && sm90::tma_dim_fits(nb, p.o_batch_stride);
   CUtensorMap to{};
   if (o_tma)
     to = sm90::make_tensor_map<Out>("out", p.out, p.head_dim_v, rows_q, p.num_heads, nb, p.o_row_stride,

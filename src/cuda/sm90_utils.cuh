@@ -225,6 +225,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
+// Whether a dimension of `extent` elements stepped by `stride` elements fits a TMA tensor map: one
+// of a single element is never stepped through (make_tensor_map puts a valid stride in its place),
+// the others need a stride in (0, 2^39) elements (strides are 40-bit byte counts; 2^40 bytes of
+// 16 bits). api.cu asks it of q, k, v and dout; the forward launch of out.
+inline bool tma_dim_fits(int64_t extent, int64_t stride) {
+  return extent <= 1 || (stride > 0 && stride < (int64_t{1} << 39));
+}
+
 // A [batch, rows, heads, dim] tensor (strides in elements) as a 4-d TMA map with boxes of one
 // 128-byte panel (64 columns of 16 bits, 128 of 8) x box_rows rows and the 128-byte swizzle. Strides of size-1 dims are never stepped
 // through, so any valid value stands in for them (TMA wants multiples of 16 bytes).
