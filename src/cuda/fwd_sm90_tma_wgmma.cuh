@@ -393,6 +393,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           named_barrier_sync_unaligned(1, 128 * Cfg::kConsumerWarpgroups);
         };
 
+        // The row maxima, alpha and the exponentials (P in s) of the online softmax; called from
+        // both arms of softmax()'s mask branch, never after it. Why: ptxas moves a wgmma wait to
+        // the top of its basic block, so with these after the branch the steady round's
+        // wgmma_wait<0> (P V done) ran before the exponentials, and a warpgroup's softmax never
+        // overlapped its own P V, only the other warpgroup's products (perf-notes, v9). In the
+        // arms they stay above the wait; ptxas reports no serialization and no spills.
+        auto max_exp = [&](float (&alpha)[2]) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = row_max[hr];
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+            mx = quad_max(mx);
+            // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
+            // so exp2(−inf − base) = 0 instead of NaN.
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
+            const float pbase = base - kPBias;
+            row_max[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              constexpr int kEvery = Cfg::kExp2PolyEvery;
+              const bool fma_pipe = kEvery > 0 && j % (kEvery > 0 ? kEvery : 1) == kEvery - 1;
+              const float x0 = s[4 * j + 2 * hr] * scale_log2 - pbase;
+              const float x1 = s[4 * j + 2 * hr + 1] * scale_log2 - pbase;
+              const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
+              const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
+              s[4 * j + 2 * hr] = p0;
+              s[4 * j + 2 * hr + 1] = p1;
+              sum += p0 + p1;
+            }
+            row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
+          }
+        };
         // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
         // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
         auto softmax = [&](int nb, float (&alpha)[2]) {
@@ -438,33 +473,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 const int k = kc - (c / 2) * 8;
                 if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
               }
-          }
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            float mx = row_max[hr];
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx);
-            // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
-            // so exp2(−inf − base) = 0 instead of NaN.
-            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
-            const float pbase = base - kPBias;
-            row_max[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              constexpr int kEvery = Cfg::kExp2PolyEvery;
-              const bool fma_pipe = kEvery > 0 && j % (kEvery > 0 ? kEvery : 1) == kEvery - 1;
-              const float x0 = s[4 * j + 2 * hr] * scale_log2 - pbase;
-              const float x1 = s[4 * j + 2 * hr + 1] * scale_log2 - pbase;
-              const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
-              const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
-              s[4 * j + 2 * hr] = p0;
-              s[4 * j + 2 * hr + 1] = p1;
-              sum += p0 + p1;
-            }
-            row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
+            max_exp(alpha);
+          } else {
+            max_exp(alpha);
           }
         };
         // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
