@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
     // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
+    constexpr bool kExpInArms = D == 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
     if (cw == kNC - 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
@@ -393,12 +394,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           named_barrier_sync_unaligned(1, 128 * Cfg::kConsumerWarpgroups);
         };
 
-        // The row maxima, alpha and the exponentials (P in s) of the online softmax; called from
-        // both arms of softmax()'s mask branch, never after it. Why: ptxas moves a wgmma wait to
-        // the top of its basic block, so with these after the branch the steady round's
-        // wgmma_wait<0> (P V done) ran before the exponentials, and a warpgroup's softmax never
-        // overlapped its own P V, only the other warpgroup's products (perf-notes, v9). In the
-        // arms they stay above the wait; ptxas reports no serialization and no spills.
+        // The row maxima, alpha and the exponentials (P in s) of the online softmax. At 16-bit
+        // head_dim 128 (kExpInArms) they run in both arms of softmax()'s mask branch, never after
+        // it. Why: ptxas moves a wgmma wait to the top of its basic block, so with these after
+        // the branch the steady round's wgmma_wait<0> (P V done) ran before the exponentials,
+        // and a warpgroup's softmax never overlapped its own P V, only the other warpgroup's
+        // products. In the arms they stay above the wait (no serialization, no spills): +2-3 %
+        // at seqlen 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024; head_dim 64 (three
+        // consumers, a P V half as long) lost 2 %, so it keeps one copy after the branch
+        // (perf-notes, v9).
         auto max_exp = [&](float (&alpha)[2]) {
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
@@ -473,10 +477,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 const int k = kc - (c / 2) * 8;
                 if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
               }
-            max_exp(alpha);
-          } else {
+            if constexpr (kExpInArms) max_exp(alpha);
+          } else if constexpr (kExpInArms) {
             max_exp(alpha);
           }
+          if constexpr (!kExpInArms) max_exp(alpha);
         };
         // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
         // accumulator and A-fragment layouts agree on rows, as for mma.sync).
