@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
     // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
+    constexpr bool kExpInArms = D == 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
     if (cw == kNC - 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
@@ -393,6 +394,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           named_barrier_sync_unaligned(1, 128 * Cfg::kConsumerWarpgroups);
         };
 
+        // The row maxima, alpha and the exponentials (P in s) of the online softmax. At 16-bit
+        // head_dim 128 (kExpInArms) they run in both arms of softmax()'s mask branch, never after
+        // it. Why: ptxas moves a wgmma wait to the top of its basic block, so with these after
+        // the branch the steady round's wgmma_wait<0> (P V done) ran before the exponentials,
+        // and a warpgroup's softmax never overlapped its own P V, only the other warpgroup's
+        // products. In the arms they stay above the wait (no serialization, no spills): +2-3 %
+        // at seqlen 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024; head_dim 64 (three
+        // consumers, a P V half as long) lost 2 %, so it keeps one copy after the branch
+        // (perf-notes, v9).
+        auto max_exp = [&](float (&alpha)[2]) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = row_max[hr];
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+            mx = quad_max(mx);
+            // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
+            // so exp2(−inf − base) = 0 instead of NaN.
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
+            const float pbase = base - kPBias;
+            row_max[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              constexpr int kEvery = Cfg::kExp2PolyEvery;
+              const bool fma_pipe = kEvery > 0 && j % (kEvery > 0 ? kEvery : 1) == kEvery - 1;
+              const float x0 = s[4 * j + 2 * hr] * scale_log2 - pbase;
+              const float x1 = s[4 * j + 2 * hr + 1] * scale_log2 - pbase;
+              const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
+              const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
+              s[4 * j + 2 * hr] = p0;
+              s[4 * j + 2 * hr + 1] = p1;
+              sum += p0 + p1;
+            }
+            row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
+          }
+        };
         // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
         // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
         auto softmax = [&](int nb, float (&alpha)[2]) {
@@ -438,34 +477,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 const int k = kc - (c / 2) * 8;
                 if (kc >= k_end || k < k_lo || k > k_hi) s[4 * j + c] = -INFINITY;
               }
+            if constexpr (kExpInArms) max_exp(alpha);
+          } else if constexpr (kExpInArms) {
+            max_exp(alpha);
           }
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            float mx = row_max[hr];
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx);
-            // A row that has seen only masked keys keeps max −inf and uses 0 as its exponent base,
-            // so exp2(−inf − base) = 0 instead of NaN.
-            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            alpha[hr] = fast_exp2(row_max[hr] * scale_log2 - base);
-            const float pbase = base - kPBias;
-            row_max[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              constexpr int kEvery = Cfg::kExp2PolyEvery;
-              const bool fma_pipe = kEvery > 0 && j % (kEvery > 0 ? kEvery : 1) == kEvery - 1;
-              const float x0 = s[4 * j + 2 * hr] * scale_log2 - pbase;
-              const float x1 = s[4 * j + 2 * hr + 1] * scale_log2 - pbase;
-              const float p0 = fma_pipe ? exp2_fma(x0) : fast_exp2(x0);
-              const float p1 = fma_pipe ? exp2_fma(x1) : fast_exp2(x1);
-              s[4 * j + 2 * hr] = p0;
-              s[4 * j + 2 * hr + 1] = p1;
-              sum += p0 + p1;
-            }
-            row_sum[hr] = row_sum[hr] * alpha[hr] + sum;
-          }
+          if constexpr (!kExpInArms) max_exp(alpha);
         };
         // P as the A operand of k-step kk: accumulator pairs of n8 tiles 2kk and 2kk+1 (the wgmma
         // accumulator and A-fragment layouts agree on rows, as for mma.sync).
