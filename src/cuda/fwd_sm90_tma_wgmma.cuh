@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
     // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
-    constexpr bool kExpInArms = D == 128 && !kFp8;  // see max_exp
+    constexpr bool kExpInArms = D >= 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
     if (cw == kNC - 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
