@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
     // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
-    constexpr bool kExpInArms = D == 128 && !kFp8;  // see max_exp
+    constexpr bool kExpInArms = D >= 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
     if (cw == kNC - 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
@@ -395,14 +395,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         };
 
         // The row maxima, alpha and the exponentials (P in s) of the online softmax. At 16-bit
-        // head_dim 128 (kExpInArms) they run in both arms of softmax()'s mask branch, never after
-        // it. Why: ptxas moves a wgmma wait to the top of its basic block, so with these after
-        // the branch the steady round's wgmma_wait<0> (P V done) ran before the exponentials,
-        // and a warpgroup's softmax never overlapped its own P V, only the other warpgroup's
-        // products. In the arms they stay above the wait (no serialization, no spills): +2-3 %
-        // at seqlen 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024; head_dim 64 (three
-        // consumers, a P V half as long) lost 2 %, so it keeps one copy after the branch
-        // (perf-notes, v9).
+        // head_dim 128 and 256 (kExpInArms) they run in both arms of softmax()'s mask branch, never
+        // after it. Why: ptxas moves a wgmma wait to the top of its basic block, so with these
+        // after the branch the steady round's wgmma_wait<0> (P V done) ran before the
+        // exponentials, and a warpgroup's softmax never overlapped its own P V, only the other
+        // warpgroup's products. In the arms they stay above the wait (no serialization, no
+        // spills): head_dim 128 +2-3 % at seqlen 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024;
+        // head_dim 256 +1-4 %. Head_dim 64 (three consumers, a P V half as long) lost 2 % and FP8
+        // 3-7 %, so they keep one copy after the branch (perf-notes, v9).
         auto max_exp = [&](float (&alpha)[2]) {
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
