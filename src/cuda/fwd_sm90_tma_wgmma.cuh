@@ -396,13 +396,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // The row maxima, alpha and the exponentials (P in s) of the online softmax. At 16-bit
         // head_dim 128 and 256 (kExpInArms) they run in both arms of softmax()'s mask branch, never
-        // after it. Why: ptxas moves a wgmma wait to the top of its basic block, so with these
-        // after the branch the steady round's wgmma_wait<0> (P V done) ran before the
-        // exponentials, and a warpgroup's softmax never overlapped its own P V, only the other
-        // warpgroup's products. In the arms they stay above the wait (no serialization, no
-        // spills): head_dim 128 +2-3 % at seqlen 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024;
-        // head_dim 256 +1-4 %. Head_dim 64 (three consumers, a P V half as long) lost 2 % and FP8
-        // 3-7 %, so they keep one copy after the branch (perf-notes, v9).
+        // after it. Why: ptxas schedules a wgmma wait as early as it can within its basic block
+        // (it does not move one above a branch), so with these after the branch the steady
+        // round's wgmma_wait<0> (P V done) ran before the exponentials, and a warpgroup's softmax
+        // never overlapped its own P V, only the other warpgroup's products. In the arms they stay
+        // above the wait (no serialization, no spills): head_dim 128 0 to +3 % at seqlen
+        // 2048-4096, -0.5 / -1.2 % at 1024 / causal 1024; head_dim 256 +1-6 %. Head_dim 64 (three
+        // consumers, a P V half as long) lost 2 % and FP8 lost on 5 of 7 points, so they keep one
+        // copy after the branch (perf-notes, forward v9). Nothing but ptxas's current scheduling
+        // keeps the two copies apart: after a toolkit update, check the SASS (MUFU.EX2 before the
+        // steady round's WARPGROUP.DEPBAR.LE gsb0, 0x0).
         auto max_exp = [&](float (&alpha)[2]) {
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
