@@ -104,9 +104,9 @@ for side in "${sides[@]}"; do
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 200 python3 bench/gpu/bench_attention.py --out "$OUT/bench_$side" \
     --shapes "${AB_SHAPES:-fa2paper_d64}" --dtypes bfloat16 --peers fa2 --flex-seqlens '' --rep-ms 40 \
     > "$OUT/bench_$side.log" 2>&1
-  # The device returns at most 8 files per call: the logs and each side's bench.json carry the
-  # numbers, so the tables and plots stay behind.
-  rm -f "$OUT/bench_$side/bench.md" "$OUT/bench_$side/bench.png"
+  # The device returns at most 8 files per call and the logs carry the numbers (bench_SIDE.log:
+  # TFLOP/s per point), so the bench's json, table and plot stay behind.
+  rm -rf "$OUT/bench_$side"
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 60 python3 bench/gpu/kernel_times.py ${AB_KERNEL_ARGS:---seqlen 512} \
     2>/dev/null | grep -A8 "== ours" > "$OUT/kernels_$side.log"
 done
