@@ -83,22 +83,20 @@ if [ "$mode" = build ]; then
   fi
   CUOBJDUMP=$(command -v cuobjdump || python3 -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))" 2>/dev/null || true)
   if [ -x "$CUOBJDUMP" ]; then
-    # QGMMA: the FP8 (e4m3) wgmma.
+    # QGMMA: the FP8 (e4m3) wgmma. Forward v9 (fwd_sm90_tma_wgmma.cuh, max_exp): at 16-bit head_dim
+    # 128 / 256 the steady round's exponentials must sit above its P V wait (the MUFU.EX2 between the
+    # first DEPBAR.LE gsb0, 0x1 and the next DEPBAR.LE gsb0, 0x0: three copies of block_n / 2, one per
+    # softcap / unmasked / masked path; one copy when ptxas has hoisted the wait again, as before v9).
     for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/*.o build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/fwd_sm90_fp8.cu.o; do
       [ -f "$o" ] || continue
       sass=$("$CUOBJDUMP" -sass "$o")
       echo "== $(basename "$o"): $(grep -c HGMMA <<<"$sass") HGMMA, $(grep -c QGMMA <<<"$sass") QGMMA, $(grep -c HMMA <<<"$sass") HMMA, $(grep -cE 'LDL|STL' <<<"$sass") LDL/STL"
+      if [[ $o == */fwd_sm90_*_hdim128.cu.o || $o == */fwd_sm90_*_hdim256.cu.o ]]; then
+        want=$([[ $o == *hdim128* ]] && echo 128 || echo 64)
+        n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$sass")
+        echo "== $(basename "$o"): $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$want" ] || echo " (WARNING: expected more than $want; ptxas hoisted the wait, see max_exp)")"
+      fi
     done > $DIST/sass_summary.txt
-    # Forward v9 (fwd_sm90_tma_wgmma.cuh, max_exp): at 16-bit head_dim 128 / 256 the steady round's
-    # exponentials must sit above its P V wait (the MUFU.EX2 between the first DEPBAR.LE gsb0, 0x1
-    # and the next DEPBAR.LE gsb0, 0x0: three copies of block_n / 2, one per softcap / unmasked /
-    # masked path; one copy when ptxas has hoisted the wait again, as before v9).
-    for o in build-gpu/src/cuda/CMakeFiles/flashattn_cuda.dir/gen/fwd_sm90_*_hdim{128,256}.cu.o; do
-      [ -f "$o" ] || continue
-      want=$([[ $o == *hdim128* ]] && echo 128 || echo 64)
-      n=$("$CUOBJDUMP" -sass "$o" | awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}')
-      echo "== $(basename "$o"): $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$want" ] || echo " (WARNING: expected more than $want; ptxas hoisted the wait, see max_exp)")"
-    done >> $DIST/sass_summary.txt
     cat $DIST/sass_summary.txt
   fi
   du -sh $DIST
