@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -92,7 +93,11 @@ int run(int argc, char** argv) {
     std::vector<long long> trace(sizeof(g_fwd_trace) / sizeof(long long));
     FA_CUDA_CHECK(cudaMemcpy(trace.data(), sym, sizeof(g_fwd_trace), cudaMemcpyDeviceToHost));
     FILE* f = std::fopen(argv[6], "wb");
-    std::fwrite(trace.data(), sizeof(long long), trace.size(), f);
+    if (f == nullptr || std::fwrite(trace.data(), sizeof(long long), trace.size(), f) != trace.size()) {
+      std::fprintf(stderr, "fwd_timeline: cannot write the trace to %s\n", argv[6]);
+      if (f != nullptr) std::fclose(f);
+      return 1;
+    }
     std::fclose(f);
     std::printf("trace [%d blocks][4 roles][%d tiles][%d events] -> %s\n", kTraceBlocks, kTraceTiles, kTraceEvents,
                 argv[6]);

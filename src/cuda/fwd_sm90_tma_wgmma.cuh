@@ -82,8 +82,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                     const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const FastDiv m_blocks,
-                    const FastDiv heads,
-                    const int num_tiles, int* const tile_counter) {
+                    const FastDiv heads, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   // FP8 (e4m3): k and Vᵀ tiles K-major for both products (8-bit wgmma has no transpose), out bf16.
