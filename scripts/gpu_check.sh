@@ -15,7 +15,8 @@
 #                                     what: any of tests, sanitize, python, install, bench, quickbench
 #                                     (default tests,sanitize,bench):
 #                                       tests      the GPU tests, then the forward/backward suites
-#                                                  again with the sm80 kernels forced;
+#                                                  again with the sm80 kernels forced, and the
+#                                                  forward suite under each testing switch;
 #                                       sanitize   compute-sanitizer memcheck, racecheck, initcheck,
 #                                                  synccheck on a small representative subset;
 #                                       python     pytest over tests/python, and examples/train_gpt.py
@@ -171,6 +172,9 @@ if [[ $what == *tests* ]]; then
   # out stored per thread instead of by TMA (the path varlen batches and strides that fit no tensor
   # map take).
   forward_suite_with FLASHATTN_CUDA_FWD_O_TMA=0
+  # head_dim 64's short-sequence tile (block_m 256, four consumers) at every shape, through several
+  # tiles per block.
+  forward_suite_with FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
 fi
 
 if [[ $what == *sanitize* ]]; then
@@ -190,6 +194,18 @@ if [[ $what == *sanitize* ]]; then
     errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
     summary+=("$tool: rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
     { echo "===== $tool (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
+    rm -f "$OUT/sanitize_one.log"
+  done
+  # memcheck and racecheck again on head_dim 64 cases with its block_m 256 tile forced (the default
+  # takes it only where the batch fills the GPU; four consumers, their turn and epilogue barriers).
+  filter_short='*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_b2_sq203_sk113_h2k2_d64_causalBR:*CudaForward.*/bf16_b1_sq130_sk77_h4k1_d64:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d64_win16_8BR'
+  for tool in memcheck racecheck; do
+    start=$(date +%s)
+    FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter_short" > "$OUT/sanitize_one.log" 2>&1
+    rc=$?
+    errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
+    summary+=("$tool (short tile): rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
+    { echo "===== $tool, FLASHATTN_CUDA_FWD_SHORT_TILE=1 (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
     rm -f "$OUT/sanitize_one.log"
   done
 fi

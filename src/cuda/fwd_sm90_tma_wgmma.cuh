@@ -250,10 +250,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Pingpong (FA-3 Sec. 3.1): the consumers take turns issuing their GEMMs, so that one
     // warpgroup's softmax runs while another's GEMMs own the tensor cores. Named barrier 2 + w is
     // warpgroup w's turn: it waits there (128 threads) for the 128 arrivals of the warpgroup before
-    // it in the round 0, 1, (2,) 0, ... The turns run on across tiles (warpgroup 0 opens each
+    // it in the round 0, 1, (2, 3,) 0, ... The turns run on across tiles (warpgroup 0 opens each
     // tile's after the last one closed the previous one's), so that no warpgroup arrives twice on a
     // barrier the next has not passed.
     constexpr int kNC = Cfg::kConsumerWarpgroups;
+    // Named barriers: 1 all consumers, 2 .. 1 + kNC the turns, then one per warpgroup for its epilogue.
+    constexpr int kEpilogueBarrier = 2 + kNC;
     constexpr bool kExpInArms = D >= 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
@@ -642,12 +644,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // and the columns past head_dim_v; the warpgroup's 128 threads spend a barrier on that
       // instead of a loop of 16-byte stores on the path to the next tile's first product (~800
       // cycles per tile at head_dim 128, bench/gpu/fwd_timeline.cu). Otherwise each warp reads
-      // its rows back and stores them in 16-byte chunks. Named barrier 5 + cw is the warpgroup's
-      // own; its previous TMA store must have read sO before the rows are staged again.
+      // its rows back and stores them in 16-byte chunks. Named barrier kEpilogueBarrier + cw is the
+      // warpgroup's own; its previous TMA store must have read sO before the rows are staged again.
       // (Rows before the sequence's start, m0 + row < 0, belong to no output: end-aligned tiles.)
       if (o_tma) {
         if (tid == 0) bulk_wait_read<0>();
-        named_barrier_sync(5 + cw, 128);
+        named_barrier_sync(kEpilogueBarrier + cw, 128);
       }
       float inv[2];
 #pragma unroll
@@ -679,7 +681,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // H200 as an illegal instruction: such rows take the per-thread stores.)
       if (o_tma && m0 + cw * 64 >= 0) {
         fence_proxy_async();  // the staging writes before the async proxy's reads
-        named_barrier_sync(5 + cw, 128);
+        named_barrier_sync(kEpilogueBarrier + cw, 128);
         if (tid == 0) {
 #pragma unroll
           for (int pn = 0; pn < D / 64; ++pn)
@@ -833,6 +835,24 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
 template <typename Elem, int kHeadDim>
 void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k, void* stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
+  if constexpr (requires { typename Traits::ShortConfig; }) {
+    using Short = typename Traits::ShortConfig;
+    using Long = typename Traits::Config;
+    // The short tile where it also costs no extra wave: a block_m 256 tile costs about 4/3 of a
+    // block_m 192 one, so with few heads (tiles < multiprocessors) the smaller tiles finish first.
+    const auto waves = [&](int block_m) {
+      const int64_t tiles = int64_t((max_seqlen_q + block_m - 1) / block_m) * p.num_heads * batch;
+      return (tiles + multiprocessor_count() - 1) / multiprocessor_count();
+    };
+    // FLASHATTN_CUDA_FWD_SHORT_TILE=1 / 0 (testing): the short tile at every shape / at none.
+    static const bool always = env_is("FLASHATTN_CUDA_FWD_SHORT_TILE", "1");
+    static const bool never = env_is("FLASHATTN_CUDA_FWD_SHORT_TILE", "0");
+    if (always || (!never && max_seqlen_q <= Traits::kShortMaxSeqlenQ &&
+                   waves(Short::kBlockM) * Short::kBlockM <= waves(Long::kBlockM) * Long::kBlockM)) {
+      launch_fwd_sm90_config<Elem, Short>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      return;
+    }
+  }
   launch_fwd_sm90_config<Elem, typename Traits::Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
 }
 
