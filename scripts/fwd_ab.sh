@@ -25,7 +25,7 @@ case ${1:-} in
       label=$(printf '%s' "$rev" | tr -c 'A-Za-z0-9_.' '_')
       tree=$(mktemp -d)
       git archive "$rev" include src bench/gpu/fwd_timeline.cu | tar -x -C "$tree"
-      flags=(-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static
+      flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static
              -I"$tree/include" -I"$tree/src")
       nvcc "${flags[@]}" "$tree/bench/gpu/fwd_timeline.cu" -o "$DIR/$label"
       nvcc "${flags[@]}" -DFLASHATTN_FWD_TRACE "$tree/bench/gpu/fwd_timeline.cu" -o "$DIR/$label.trace"

@@ -3,7 +3,7 @@
 // and without it, times both on one shape, and writes the trace of one launch for
 // bench/gpu/fwd_timeline.py to read. Not part of the library or its tests.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static \
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static \
 //        -Iinclude -Isrc -DFLASHATTN_FWD_TRACE bench/gpu/fwd_timeline.cu -o fwd_timeline_trace
 //   ./fwd_timeline_trace batch seqlen heads head_dim causal out.bin   (bf16, q/k/v [b, s, h, d])
 #include <cuda_bf16.h>
