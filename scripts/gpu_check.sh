@@ -182,31 +182,29 @@ if [[ $what == *sanitize* ]]; then
   # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, the FP8 forward (a masked GQA case),
   # and the backward (the head_dim 256 kernel through the varlen and softcap + ALiBi cases).
   filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:CudaBackwardMisc.KernelChoice'
+  # One compute-sanitizer tool over the tests of a filter, under the `env` assignments that follow;
+  # the log is appended to sanitize.log and a line to the summary.
+  sanitize_with() {
+    local tool=$1 label=$2 filter=$3 start rc errs
+    shift 3
+    start=$(date +%s)
+    env "$@" compute-sanitizer --tool "$tool" --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter" > "$OUT/sanitize_one.log" 2>&1
+    rc=$?
+    errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
+    summary+=("$label: rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
+    { echo "===== $label $* (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
+    rm -f "$OUT/sanitize_one.log"
+  }
   # memcheck and racecheck run with 3 persistent forward blocks, so that these small shapes go
   # through several tiles per block (the static and the atomic-counter schedules); initcheck and
   # synccheck with the defaults.
-  for tool in memcheck racecheck initcheck synccheck; do
-    start=$(date +%s)
-    persist=()
-    [[ $tool == memcheck || $tool == racecheck ]] && persist=(FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3)
-    env "${persist[@]}" compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter" > "$OUT/sanitize_one.log" 2>&1
-    rc=$?
-    errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
-    summary+=("$tool: rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
-    { echo "===== $tool (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
-    rm -f "$OUT/sanitize_one.log"
-  done
+  for tool in memcheck racecheck; do sanitize_with $tool $tool "$filter" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3; done
+  for tool in initcheck synccheck; do sanitize_with $tool $tool "$filter"; done
   # memcheck and racecheck again on head_dim 64 cases with its block_m 256 tile forced (the default
   # takes it only where the batch fills the GPU; four consumers, their turn and epilogue barriers).
   filter_short='*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_b2_sq203_sk113_h2k2_d64_causalBR:*CudaForward.*/bf16_b1_sq130_sk77_h4k1_d64:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d64_win16_8BR'
   for tool in memcheck racecheck; do
-    start=$(date +%s)
-    FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3 compute-sanitizer --tool $tool --error-exitcode 99 $DIST/test_cuda --gtest_filter="$filter_short" > "$OUT/sanitize_one.log" 2>&1
-    rc=$?
-    errs=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_one.log" || echo "no summary")
-    summary+=("$tool (short tile): rc=$rc, $errs, $(grep -cE '^\[       OK \]' "$OUT/sanitize_one.log") tests ok, $(( $(date +%s) - start )) s")
-    { echo "===== $tool, FLASHATTN_CUDA_FWD_SHORT_TILE=1 (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
-    rm -f "$OUT/sanitize_one.log"
+    sanitize_with $tool "$tool (short tile)" "$filter_short" FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   done
 fi
 
