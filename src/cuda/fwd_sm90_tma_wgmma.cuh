@@ -1,16 +1,17 @@
 // FlashAttention forward on Hopper (sm_90a) with TMA, mbarriers, wgmma and warp specialization
 // (FlashAttention-3, Shah et al. 2024, Sec. 3.1 and Alg. 1-2).
 //
-// A tile is block_m query rows of one (batch, head) (128, or 192 at head_dim 64: fwd_traits.hpp);
+// A tile is block_m query rows of one (batch, head) (128, or at head_dim 64 192, and 256 for short
+// sequences: fwd_traits.hpp);
 // a block goes through one or (a persistent grid) several tiles with 1 + block_m / 64 warpgroups:
 //   - the producer (warpgroup 0, 24 or, persistent, 32 registers after setmaxnreg) issues one
 //     thread's TMA copies of each tile's Q and of K(j), V(j) into kStages-deep ring buffers, each
 //     completing on a "full" mbarrier, and waits on "empty" mbarriers before reusing a buffer;
-//   - two or three consumers (240, persistent 232, or with three 160 registers each) own 64 query
-//     rows each (wgmma's M).
+//   - two to four consumers (240, persistent 232, with three 160, with four 112 registers each)
+//     own 64 query rows each (wgmma's M).
 //     Per key tile: S = Q K(j)ᵀ with wgmma, K from shared memory (K-major) and Q as A fragments
-//     in registers, loaded once per tile (two consumers; with three, Q is read from shared memory
-//     too: the fragments would not fit in 160 registers), the online softmax on the
+//     in registers, loaded once per tile (two consumers; with more, Q is read from shared memory
+//     too: the fragments would not fit in 160 or 112 registers), the online softmax on the
 //     accumulators (FA-2 Alg. 1 lines 8-10, same code shape as the sm80 kernel), and O += P V(j)
 //     with P from registers and V read MN-major from shared memory.
 // Intra-warpgroup overlap (FA-3 Alg. 2): S(j+1) = Q K(j+1)ᵀ and O += P(j) V(j) are issued
