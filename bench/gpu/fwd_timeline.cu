@@ -99,8 +99,8 @@ int run(int argc, char** argv) {
       return 1;
     }
     std::fclose(f);
-    std::printf("trace [%d blocks][4 roles][%d tiles][%d events] -> %s\n", kTraceBlocks, kTraceTiles, kTraceEvents,
-                argv[6]);
+    std::printf("trace [%d blocks][%d roles][%d tiles][%d events] -> %s\n", kTraceBlocks, kTraceRoles, kTraceTiles,
+                kTraceEvents, argv[6]);
   }
 #endif
   return 0;

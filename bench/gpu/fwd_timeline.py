@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a Hopper forward tile's time goes: reads the clock64 trace that bench/gpu/fwd_timeline.cu
-writes (g_fwd_trace[132 blocks][4 roles][24 tiles][64 events], roles 0 = producer, 1.. = consumer
+writes (g_fwd_trace[132 blocks][5 roles][24 tiles][64 events], roles 0 = producer, 1.. = consumer
 warpgroups; events as FWD_TRACE in src/cuda/fwd_sm90_tma_wgmma.cuh) and prints, over every block's
 full tiles (the first and last of each block left out), the mean and 10th / 90th percentile of each
 segment in SM cycles: the tile boundary (last turn -> epilogue -> next tile's first products) and
@@ -12,10 +12,10 @@ import sys
 
 import numpy as np
 
-BLOCKS, ROLES, TILES, EVENTS = 132, 4, 24, 64
+BLOCKS, ROLES, TILES, EVENTS = 132, 5, 24, 64
 # Consumer events (fwd_sm90_tma_wgmma.cuh): round r of a tile's main loop at 8 + 4r .. 11 + 4r.
 TOP, PRE_Q, Q_FULL, Q_READY, TURN0, S0_DONE, SOFTMAX0_DONE = 0, 1, 2, 3, 4, 5, 6
-LAST_TURN, LAST_PV_DONE, STAGED, EPILOGUE_END = 56, 57, 58, 59
+LAST_TURN, LAST_PV_DONE, STAGED, EPILOGUE_END, SO_FREE, ROWS_DONE = 56, 57, 58, 59, 60, 61
 ROUND_K_FULL, ROUND_TURN, ROUND_S_DONE, ROUND_PV_DONE = 0, 1, 2, 3
 MAX_ROUNDS = 12
 
@@ -36,7 +36,9 @@ def segments(trace):
                     continue
                 add("tile period", n[TOP] - r[TOP])
                 add("boundary: last turn -> last P V done", r[LAST_PV_DONE] - r[LAST_TURN])
-                add("boundary: -> O staged", r[STAGED] - r[LAST_PV_DONE])
+                add("boundary: -> sO free (previous store read)", r[SO_FREE] - r[LAST_PV_DONE])
+                add("boundary: -> 1 / l and lse", r[ROWS_DONE] - r[SO_FREE])
+                add("boundary: -> O staged", r[STAGED] - r[ROWS_DONE])
                 add("boundary: -> O stored", r[EPILOGUE_END] - r[STAGED])
                 add("boundary: -> next tile's top", n[TOP] - r[EPILOGUE_END])
                 add("boundary: -> query block known", n[PRE_Q] - n[TOP])

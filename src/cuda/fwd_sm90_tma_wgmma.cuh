@@ -60,12 +60,16 @@ namespace flashattn::cuda {
 // Diagnostic timeline (bench/gpu/fwd_timeline.cu, the only build that defines FLASHATTN_FWD_TRACE):
 // clock64() at chosen points of each warpgroup's first tiles in the first blocks, to see where a
 // tile's time goes between its products (docs/perf-notes.md). Compiled out everywhere else.
+// Roles: 0 the producer (its thread 0 records), 1 .. 4 the consumer warpgroups (lane 0 of their
+// second warp records: a store from their first warp would sit in front of thread 0's
+// bulk_wait_read, a scoreboard wait, and lengthen what it measures; session 23).
 #ifdef FLASHATTN_FWD_TRACE
-constexpr int kTraceBlocks = 132, kTraceTiles = 24, kTraceEvents = 64;
-__device__ long long g_fwd_trace[kTraceBlocks][4][kTraceTiles][kTraceEvents];
+constexpr int kTraceBlocks = 132, kTraceRoles = 5, kTraceTiles = 24, kTraceEvents = 64;
+__device__ long long g_fwd_trace[kTraceBlocks][kTraceRoles][kTraceTiles][kTraceEvents];
 #define FWD_TRACE(role, j, ev)                                                                       \
   do {                                                                                               \
-    if ((threadIdx.x & 127) == 0 && blockIdx.x < kTraceBlocks && (j) < kTraceTiles && (ev) < kTraceEvents) \
+    if ((threadIdx.x & 127) == ((role) == 0 ? 0 : 32) && blockIdx.x < kTraceBlocks && (role) < kTraceRoles && \
+        (j) < kTraceTiles && (ev) < kTraceEvents)                                                    \
       g_fwd_trace[blockIdx.x][role][j][ev] = clock64();                                             \
   } while (0)
 // Consumers: round r of a tile's main loop at events 8 + 4r .. 11 + 4r (r < 12); producer: K / V
@@ -652,6 +656,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (tid == 0) bulk_wait_read<0>();
         named_barrier_sync(kEpilogueBarrier + cw, 128);
       }
+      FWD_TRACE(cw + 1, j, 60);
       float inv[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -667,6 +672,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
       }
+      FWD_TRACE(cw + 1, j, 61);
       // O's fragments as 8 x 8 matrices (rows +0 / +8, columns 16kk + 0..7 / 8..15; the wgmma
       // accumulator is the mma.sync one) by stmatrix: lane l gives the 16-byte row of matrix l / 8.
       const int o_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
