@@ -657,17 +657,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         named_barrier_sync(kEpilogueBarrier + cw, 128);
       }
       FWD_TRACE(cw + 1, j, 60);
-      float inv[2];
+      // Both rows' sums first, then branch-free reciprocals: an IEEE division's slow-path call put
+      // a branch between the two rows, and each row's shuffles, division and lse then ran one
+      // after the other (~750 cycles per tile at head_dim 128, timeline; session 23). l >= 1 where
+      // a key is visible (the row maximum's term is 1), far from where __fdividef loses accuracy
+      // (a divisor above 2^126).
+      float l[2], inv[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(row_sum[hr]);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const float l = quad_sum(row_sum[hr]);
         // l = 0: no visible key (out 0, lse −inf); l NaN (a NaN score): out and lse NaN.
-        const bool seen = !(l <= 0.f);
-        inv[hr] = bad_descale ? NAN : seen ? v_scale / l : 0.f;
+        const bool seen = !(l[hr] <= 0.f);
+        inv[hr] = bad_descale ? NAN : seen ? __fdividef(v_scale, l[hr]) : 0.f;
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const bool seen = !(l[hr] <= 0.f);
         const int row = row0 + hr * 8;
         if (p.lse != nullptr && t == 0 && m0 + row >= 0 && m0 + row < len_q) {
           const float lse = bad_descale ? NAN
-                            : seen     ? (row_max[hr] * scale_log2 + __log2f(l) - kPBias) * kLn2
+                            : seen     ? (row_max[hr] * scale_log2 + __log2f(l[hr]) - kPBias) * kLn2
                                        : -INFINITY;
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + m0 + row) * p.lse_row_stride] = lse;
         }
