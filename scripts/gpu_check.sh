@@ -200,11 +200,15 @@ if [[ $what == *sanitize* ]]; then
   # synccheck with the defaults.
   for tool in memcheck racecheck; do sanitize_with $tool $tool "$filter" FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3; done
   for tool in initcheck synccheck; do sanitize_with $tool $tool "$filter"; done
-  # memcheck and racecheck again on head_dim 64 cases with its block_m 256 tile forced (the default
-  # takes it only where the batch fills the GPU; four consumers, their turn and epilogue barriers).
-  filter_short='*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_b2_sq203_sk113_h2k2_d64_causalBR:*CudaForward.*/bf16_b1_sq130_sk77_h4k1_d64:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d64_win16_8BR'
-  for tool in memcheck racecheck; do
-    sanitize_with $tool "$tool (short tile)" "$filter_short" FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  # memcheck, racecheck and synccheck again on head_dim 64 cases with its block_m 256 tile forced
+  # (the default takes it only where the batch fills the GPU; four consumers, their turn and
+  # epilogue barriers).
+  short_cases=(bf16_b1_sq600_sk600_h2k2_d64_win100_20BR bf16_b2_sq203_sk113_h2k2_d64_causalBR
+               bf16_b1_sq130_sk77_h4k1_d64 bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d64_win16_8BR)
+  filter_short=$(printf '*CudaForward.*/%s:' "${short_cases[@]}")
+  for tool in memcheck racecheck synccheck; do
+    sanitize_with $tool "$tool (short tile)" "${filter_short%:}" \
+      FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   done
 fi
 

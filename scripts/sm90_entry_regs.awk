@@ -1,9 +1,9 @@
 # Reads ptxas -v output; prints each sm90 kernel (sm_90a pass) whose register count at entry is not
 # what its setmaxnreg split assumes: 65536 / threads rounded down to 8 (fwd_traits.hpp kEntryRegs),
 # with 128 · (1 + block_m / 64) threads for the forward (block_m is FwdSm90Config's fourth argument)
-# and 384 for the backward: 168 for the 384-thread kernels, 128 for the 512-thread forward. Any other
-# count makes setmaxnreg.inc wait forever. With -v require=1 it also fails when the input holds no
-# sm90 kernel at all (a report of nothing is not a pass).
+# and 384 for the backward: 168 for the 384-thread kernels, 128 for the 512-thread forward, 96 for
+# the 640-thread one. Any other count makes setmaxnreg.inc wait forever. With -v require=1 it also
+# fails when the input holds no sm90 kernel at all (a report of nothing is not a pass).
 /Compiling entry/ {
   name = ""
   if ($0 ~ /(fwd|bwd)_sm90(_[a-z0-9]+)?_kernel/ && $0 ~ /'sm_90a'/) {

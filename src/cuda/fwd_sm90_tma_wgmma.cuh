@@ -61,16 +61,16 @@ namespace flashattn::cuda {
 // clock64() at chosen points of each warpgroup's first tiles in the first blocks, to see where a
 // tile's time goes between its products (docs/perf-notes.md). Compiled out everywhere else.
 // Roles: 0 the producer (its thread 0 records), 1 .. 4 the consumer warpgroups (lane 0 of their
-// second warp records: a store from their first warp would sit in front of thread 0's
-// bulk_wait_read, a scoreboard wait, and lengthen what it measures; session 23).
+// second warp records, so that no trace store sits in front of thread 0's bulk_wait_read, a
+// scoreboard wait; session 23).
 #ifdef FLASHATTN_FWD_TRACE
 constexpr int kTraceBlocks = 132, kTraceRoles = 5, kTraceTiles = 24, kTraceEvents = 64;
 __device__ long long g_fwd_trace[kTraceBlocks][kTraceRoles][kTraceTiles][kTraceEvents];
-#define FWD_TRACE(role, j, ev)                                                                       \
-  do {                                                                                               \
-    if ((threadIdx.x & 127) == ((role) == 0 ? 0 : 32) && blockIdx.x < kTraceBlocks && (role) < kTraceRoles && \
-        (j) < kTraceTiles && (ev) < kTraceEvents)                                                    \
-      g_fwd_trace[blockIdx.x][role][j][ev] = clock64();                                             \
+#define FWD_TRACE(role, j, ev)                                                                     \
+  do {                                                                                             \
+    if ((threadIdx.x & 127) == ((role) == 0 ? 0 : 32) && blockIdx.x < kTraceBlocks &&              \
+        (role) < kTraceRoles && (j) < kTraceTiles && (ev) < kTraceEvents)                           \
+      g_fwd_trace[blockIdx.x][role][j][ev] = clock64();                                            \
   } while (0)
 // Consumers: round r of a tile's main loop at events 8 + 4r .. 11 + 4r (r < 12); producer: K / V
 // load i at 8 + 2i, 9 + 2i (i < 24). Past those, dropped.
@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     constexpr int kNC = Cfg::kConsumerWarpgroups;
     // Named barriers: 1 all consumers, 2 .. 1 + kNC the turns, then one per warpgroup for its epilogue.
     constexpr int kEpilogueBarrier = 2 + kNC;
+    static_assert(kEpilogueBarrier + kNC - 1 <= 15, "an sm_90 block has 16 named barriers");
     constexpr bool kExpInArms = D >= 128 && !kFp8;  // see max_exp
     auto my_turn = [&] { named_barrier_sync(2 + cw, 256); };
     auto your_turn = [&] { named_barrier_arrive(2 + (cw + 1) % kNC, 256); };
@@ -660,8 +661,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Both rows' sums first, then branch-free reciprocals: an IEEE division's slow-path call put
       // a branch between the two rows, and each row's shuffles, division and lse ran one after
       // the other (747 -> 435 cycles per tile at head_dim 128 seqlen 1024, timeline; session 23).
-      // l >= 1 where a key is visible (the row maximum's term is 1), far from where __fdividef
-      // loses accuracy (a divisor above 2^126).
+      // Where a key is visible, l is about 1 or more (the row maximum's term is exp2 of a rounding
+      // error; 2^8 for FP8), far from where __fdividef loses accuracy (a divisor above 2^126).
       float l[2], inv[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(row_sum[hr]);
@@ -855,17 +856,11 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   if constexpr (requires { typename Traits::ShortConfig; }) {
     using Short = typename Traits::ShortConfig;
     using Long = typename Traits::Config;
-    // The short tile where it also costs no extra wave: a block_m 256 tile costs about 4/3 of a
-    // block_m 192 one, so with few heads (tiles < multiprocessors) the smaller tiles finish first.
-    const auto waves = [&](int block_m) {
-      const int64_t tiles = int64_t((max_seqlen_q + block_m - 1) / block_m) * p.num_heads * batch;
-      return (tiles + multiprocessor_count() - 1) / multiprocessor_count();
-    };
     // FLASHATTN_CUDA_FWD_SHORT_TILE=1 / 0 (testing): the short tile at every shape / at none.
     static const bool always = env_is("FLASHATTN_CUDA_FWD_SHORT_TILE", "1");
     static const bool never = env_is("FLASHATTN_CUDA_FWD_SHORT_TILE", "0");
-    if (always || (!never && max_seqlen_q <= Traits::kShortMaxSeqlenQ &&
-                   waves(Short::kBlockM) * Short::kBlockM <= waves(Long::kBlockM) * Long::kBlockM)) {
+    if (always || (!never && fwd_short_tile_pays(max_seqlen_q, int64_t(batch) * p.num_heads, multiprocessor_count(),
+                                                 Short::kBlockM, Long::kBlockM, Traits::kShortMaxSeqlenQ))) {
       launch_fwd_sm90_config<Elem, Short>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
       return;
     }

@@ -120,7 +120,7 @@ struct FwdSm90Config {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Registers every thread starts with under __launch_bounds__(kThreads, 1): 168 for 384 threads,
-  // 128 for 512 (scripts/gpu_check.sh build checks ptxas's report against these).
+  // 128 for 512, 96 for 640 (scripts/gpu_check.sh build checks ptxas's report against these).
   static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kOutBytes = kBlockM * kHeadDim * 2;  // out is 16-bit
@@ -144,7 +144,7 @@ struct FwdSm90Config {
   // scripts/sm90_entry_regs.awk): a persistent producer carries its tile loop's state (tile, ring
   // index, counts) and needs 32 registers (with 24 it spilled one at head_dim 128). The consumers
   // share what the producer gives back (setmaxnreg.inc waits for the pool): 240 / 232 with two
-  // consumer warpgroups, 160 with three.
+  // consumer warpgroups, 160 with three, 112 with four.
   static constexpr int kProducerRegs = kPersistent ? 32 : 24;
   static constexpr int kConsumerRegs =
       std::min(240, (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8);
@@ -167,7 +167,7 @@ struct FwdSm90Traits;
 // Short sequences (max_seqlen_q <= kShortMaxSeqlenQ) take ShortConfig, block_m 256 (four consumers
 // of 112 registers: S 32 + P 16 + O 32; block_n 64, 4 stages), where the batch fills the
 // multiprocessors: seqlen 512 / 1024 split into whole 256-row tiles, whereas 192 leaves a last tile
-// of 64 rows that costs ~0.6 of a full one, and each softmax hides under three other warpgroups'
+// of 128 / 64 rows (the latter costs ~0.6 of a full one), and each softmax hides under three others'
 // products. Measured (session 23, kernel alone, bf16, 32 heads): seqlen 512 +9 %, 1024 +6 %, 1024
 // causal +1 %; from 2048 it is 3-10 % slower (four turn handoffs per 1024 tensor cycles instead of
 // three per 1536), so longer sequences keep block_m 192.
@@ -177,6 +177,21 @@ struct FwdSm90Traits<64> {
   using ShortConfig = FwdSm90Config<64, 64, 4, 256>;
   static constexpr int kShortMaxSeqlenQ = 1024;
 };
+
+// Whether a bucket with a short-sequence tile takes it (launch_fwd_sm90): max_seqlen_q within
+// short_max_seqlen_q, and the larger tile costs no extra wave. A tile costs about its rows (a
+// block_m 256 tile ~4/3 of a block_m 192 one), so with few heads (tiles < multiprocessors) the
+// smaller tiles finish first. `batch_heads` = batch · num_heads. Host code, tested without a GPU
+// (tests/cuda/test_cuda_fwd_tiles.cpp).
+inline bool fwd_short_tile_pays(int max_seqlen_q, int64_t batch_heads, int multiprocessors, int short_block_m,
+                                int long_block_m, int short_max_seqlen_q) {
+  if (max_seqlen_q > short_max_seqlen_q || multiprocessors <= 0) return false;
+  const auto waves = [&](int block_m) {
+    const int64_t tiles = int64_t((max_seqlen_q + block_m - 1) / block_m) * batch_heads;
+    return (tiles + multiprocessors - 1) / multiprocessors;
+  };
+  return waves(short_block_m) * short_block_m <= waves(long_block_m) * long_block_m;
+}
 template <>
 struct FwdSm90Traits<128> {
   using Config = FwdSm90Config<128, 128, 2>;
