@@ -117,4 +117,3 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
-
