@@ -3,6 +3,10 @@ backends, at one shape: where the time of a backward goes (preprocess, main kern
 postprocess, memsets) and how it compares kernel by kernel.
 
   python3 bench/gpu/kernel_times.py --batch 32 --seqlen 512 --heads 32 --head-dim 64 [--heads-k 8] [--causal]
+      [--forward-only] [--flush]
+
+--flush writes a 256 MB buffer before each call, as triton's do_bench (bench_attention.py) does to
+empty the L2 cache: the kernels' own times under the bench's conditions, without its launch gaps.
 
 --heads-k (default: --heads) gives GQA / MQA: the SDPA backends then run with enable_gqa=True, and
 one that refuses the shape is reported as skipped.
@@ -26,6 +30,8 @@ def main():
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--forward-only", action="store_true", help="time the forward alone")
+    ap.add_argument("--flush", action="store_true", help="256 MB written before each call (L2 emptied)")
     args = ap.parse_args()
     heads_k = args.heads if args.heads_k is None else args.heads_k
     if heads_k < 1 or args.heads % heads_k:
@@ -36,18 +42,28 @@ def main():
     g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
 
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if args.flush else None
+
     def ours():
-        flashattn.flash_attn_func(q, k, v, causal=args.causal).backward(g)
+        if flush is not None:
+            flush.zero_()
+        out = flashattn.flash_attn_func(q, k, v, causal=args.causal)
+        if not args.forward_only:
+            out.backward(g)
 
     def sdpa(backend):
         def run():
+            if flush is not None:
+                flush.zero_()
             with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal,
-                                               enable_gqa=heads_k != args.heads).backward(g.transpose(1, 2))
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal, enable_gqa=heads_k != args.heads)
+                if not args.forward_only:
+                    out.backward(g.transpose(1, 2))
         return run
 
-    print(f"bf16 {shape} heads_k={heads_k} causal={args.causal}: GPU time per fwd+bwd, by kernel (us), "
-          f"{args.iters} iterations")
+    what = "fwd" if args.forward_only else "fwd+bwd"
+    print(f"bf16 {shape} heads_k={heads_k} causal={args.causal}: GPU time per {what}, by kernel (us), "
+          f"{args.iters} iterations{', L2 flushed before each' if flush is not None else ''}")
     for name, fn in (("ours", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION)), ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
         try:
             for _ in range(3):
