@@ -444,6 +444,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         };
         // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
         // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
+        // Key tiles [free_lo, free_hi): whole and inside the mask for each of this warpgroup's 64 rows.
+        int free_lo, free_hi;
+        {
+          const int64_t wg_first = int64_t(m0) + cw * 64, wg_last = min(last_row, wg_first + 63);
+          mask_free_key_tiles<BN>(wg_first, wg_last, offset, len_k, p.window_size_left, p.window_size_right, free_lo,
+                                  free_hi);
+        }
         auto softmax = [&](int nb, float (&alpha)[2]) {
           const int n0 = nb * BN;
           const int64_t d_base = n0 + 2 * t - (m0 + row0 + offset);
@@ -468,9 +475,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 }
             }
           }
-          const bool need_mask = n0 + BN > len_k ||
-                                 (p.window_size_left >= 0 && n0 < last_row + offset - p.window_size_left) ||
-                                 (p.window_size_right >= 0 && n0 + BN - 1 > m0 + offset + p.window_size_right);
+          const bool need_mask = nb < free_lo || nb >= free_hi;
           if (need_mask) {
             // Visible iff col < len_k and −window_size_left <= col − row − offset <= window_size_right,
             // as compares of k = (col − row − offset) − d_base, |k| < 2^8, against clamped bounds.

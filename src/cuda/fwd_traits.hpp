@@ -5,6 +5,14 @@
 #include <algorithm>
 #include <cstdint>
 
+#ifndef FLASHATTN_HOST_DEVICE
+#if defined(__CUDACC__)
+#define FLASHATTN_HOST_DEVICE __host__ __device__
+#else
+#define FLASHATTN_HOST_DEVICE
+#endif
+#endif
+
 namespace flashattn::cuda {
 
 // What the forward kernel reads; filled from detail::Params by api.cu. Pointers are device
@@ -177,6 +185,40 @@ struct FwdSm90Traits<64> {
   using ShortConfig = FwdSm90Config<64, 64, 4, 256>;
   static constexpr int kShortMaxSeqlenQ = 1024;
 };
+
+// The key tiles [free_lo, free_hi) of kBlockN keys that every query row first_row .. last_row of a
+// sequence sees whole: each key below len_k and inside the causal / window band
+// (−window_size_left <= key − row − offset <= window_size_right, a negative size being no limit;
+// offset as FwdBlock's). Their softmax needs no per-element mask. The sm90 forward asks it per
+// consumer warpgroup (64 rows), not per block: at block_m 256 and block_n 64 under a causal mask a
+// block-level test masked 10 warpgroup-tiles per diagonal where 4 need it (perf-notes, session
+// 24). Host and device; tested without a GPU (tests/cuda/test_cuda_fwd_tiles.cpp).
+template <int kBlockN>
+FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t last_row, int64_t offset, int len_k,
+                                                      int window_size_left, int window_size_right, int& free_lo,
+                                                      int& free_hi) {
+  static_assert(kBlockN > 0 && (kBlockN & (kBlockN - 1)) == 0, "block_n: a power of two (the shifts floor)");
+  constexpr int shift = [] {
+    int s = 0;
+    while ((1 << s) < kBlockN) ++s;
+    return s;
+  }();
+#if defined(__CUDA_ARCH__)
+  using ::max;
+  using ::min;
+#else
+  using std::max;
+  using std::min;
+#endif
+  free_lo = 0;
+  free_hi = len_k / kBlockN;
+  if (window_size_right >= 0)  // n0 + kBlockN − 1 <= first_row + offset + window_size_right
+    free_hi = int(min(int64_t(free_hi), (first_row + offset + window_size_right + 1) >> shift));
+  if (window_size_left >= 0) {  // n0 >= last_row + offset − window_size_left
+    const int64_t first_free = (last_row + offset - window_size_left + kBlockN - 1) >> shift;
+    free_lo = int(min(int64_t(INT32_MAX), max(int64_t(0), first_free)));
+  }
+}
 
 // Whether a bucket with a short-sequence tile takes it (launch_fwd_sm90): max_seqlen_q within
 // short_max_seqlen_q, and the larger tile costs no extra wave. A tile costs about its rows (a

@@ -20,10 +20,12 @@
 
 #include <cstdint>
 
+#ifndef FLASHATTN_HOST_DEVICE
 #if defined(__CUDACC__)
 #define FLASHATTN_HOST_DEVICE __host__ __device__
 #else
 #define FLASHATTN_HOST_DEVICE
+#endif
 #endif
 
 namespace flashattn::cuda {

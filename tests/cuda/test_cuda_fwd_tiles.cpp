@@ -1,10 +1,13 @@
 // The Hopper forward's choice of head_dim 64's short-sequence tile (fwd_short_tile_pays in
 // src/cuda/fwd_traits.hpp), checked on the host: the GPU tests' shapes are too small to reach it
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
-// is tested here. Runs without a GPU.
+// is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
+// every (row, key) pair. Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
+#include <string>
 
 #include "cuda/fwd_traits.hpp"
 
@@ -45,6 +48,68 @@ TEST(CudaFwdTiles, DegenerateInputs) {
   EXPECT_FALSE(pays(1024, 512, 0));  // no multiprocessor count: keep the default tile
   EXPECT_FALSE(pays(1, 1 << 20));    // one-row sequences: as many tiles either way, the smaller is cheaper
   EXPECT_TRUE(pays(1024, int64_t(1) << 40));  // 2^42 tiles: no overflow in the wave count
+}
+
+// Whether every key of tile nb is visible to every row first_row .. last_row (params.hpp's rule).
+template <int kBlockN>
+bool tile_whole(int nb, int64_t first_row, int64_t last_row, int64_t offset, int len_k, int left, int right) {
+  for (int64_t row = first_row; row <= last_row; ++row)
+    for (int64_t key = int64_t(nb) * kBlockN; key < int64_t(nb + 1) * kBlockN; ++key) {
+      const int64_t d = key - row - offset;
+      if (key >= len_k || (left >= 0 && d < -left) || (right >= 0 && d > right)) return false;
+    }
+  return true;
+}
+
+template <int kBlockN>
+void check_mask_free(int64_t first_row, int64_t last_row, int64_t offset, int len_k, int left, int right) {
+  int lo = -1, hi = -1;
+  mask_free_key_tiles<kBlockN>(first_row, last_row, offset, len_k, left, right, lo, hi);
+  const std::string where = "block_n " + std::to_string(kBlockN) + " rows " + std::to_string(first_row) + ".." +
+                            std::to_string(last_row) + " offset " + std::to_string(offset) + " len_k " +
+                            std::to_string(len_k) + " window (" + std::to_string(left) + ", " +
+                            std::to_string(right) + ")";
+  for (int nb = 0; nb * kBlockN < len_k; ++nb)
+    ASSERT_EQ(nb >= lo && nb < hi, tile_whole<kBlockN>(nb, first_row, last_row, offset, len_k, left, right))
+        << where << ", key tile " << nb << ", got [" << lo << ", " << hi << ")";
+}
+
+TEST(CudaFwdTiles, MaskFreeKeyTilesMatchEveryPair) {
+  // Fresh cases each run: a warpgroup's 64 rows (partly before row 0 in an end-aligned first
+  // tile), causal top-left / bottom-right offsets, windows on either side or none.
+  std::mt19937 rng(std::random_device{}());
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 3000; ++i) {
+    const int len_k = uniform(1, 700), len_q = uniform(1, 700);
+    const int64_t first_row = uniform(-63, len_q - 1);
+    const int64_t last_row = std::min<int64_t>(first_row + 63, len_q - 1);
+    const int64_t offset = uniform(0, 1) ? int64_t(len_k) - len_q : 0;
+    const int left = uniform(0, 2) == 0 ? -1 : uniform(0, 300);
+    const int right = uniform(0, 2) == 0 ? -1 : uniform(0, 300);
+    check_mask_free<64>(first_row, last_row, offset, len_k, left, right);
+    check_mask_free<128>(first_row, last_row, offset, len_k, left, right);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaFwdTiles, MaskFreeKeyTilesEdges) {
+  int lo = -1, hi = -1;
+  // Causal, bottom-right, seqlen 1024, block_n 64: the warpgroup of rows 192..255 sees keys 0..255
+  // whole up to tile 3 (keys 192..255 cross its diagonal), tiles 0-2 mask-free.
+  mask_free_key_tiles<64>(192, 255, 0, 1024, -1, 0, lo, hi);
+  EXPECT_EQ(lo, 0);
+  EXPECT_EQ(hi, 3);
+  // No mask: every whole tile; a partial last tile (len_k 1000 = 15 · 64 + 40) is masked.
+  mask_free_key_tiles<64>(0, 63, 0, 1000, -1, -1, lo, hi);
+  EXPECT_EQ(lo, 0);
+  EXPECT_EQ(hi, 15);
+  // Window sizes near INT32_MAX and offsets near ±2^31: no overflow in the bounds.
+  // Row 63 sees keys from 63 + 2^31 − (2^31 − 1) = 64 on: tile 0 is cut.
+  mask_free_key_tiles<128>(0, 63, int64_t(1) << 31, 4096, 0x7fffffff, 0x7fffffff, lo, hi);
+  EXPECT_EQ(lo, 1);
+  EXPECT_EQ(hi, 32);
+  mask_free_key_tiles<128>(0, 63, -(int64_t(1) << 31), 4096, 0x7fffffff, 0, lo, hi);
+  EXPECT_GE(lo, hi);  // every key lies right of the band: no tile is whole
 }
 
 }  // namespace
