@@ -20,13 +20,7 @@
 
 #include <cstdint>
 
-#ifndef FLASHATTN_HOST_DEVICE
-#if defined(__CUDACC__)
-#define FLASHATTN_HOST_DEVICE __host__ __device__
-#else
-#define FLASHATTN_HOST_DEVICE
-#endif
-#endif
+#include "cuda/host_device.hpp"
 
 namespace flashattn::cuda {
 
