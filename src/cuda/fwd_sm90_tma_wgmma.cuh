@@ -444,7 +444,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         };
         // Mask and modifiers for tile nb, then the online softmax: s becomes P (unnormalized, fp32)
         // and alpha[hr] the factor that rescales O and the running sum (FA-2 Alg. 1 lines 8-10).
-        // Key tiles [free_lo, free_hi): whole and inside the mask for each of this warpgroup's 64 rows.
+        // Key tiles [free_lo, free_hi): all keys below len_k and visible to every row of this
+        // warpgroup up to last_row. (Its rows before 0, in an end-aligned first tile, can only
+        // narrow the range; max(wg_first, 0) would widen it by a tile there at most.)
         int free_lo, free_hi;
         {
           const int64_t wg_first = int64_t(m0) + cw * 64, wg_last = min(last_row, wg_first + 63);

@@ -183,7 +183,9 @@ struct FwdSm90Traits<64> {
 // The key tiles [free_lo, free_hi) of kBlockN keys that every query row first_row .. last_row of a
 // sequence sees whole: each key below len_k and inside the causal / window band
 // (−window_size_left <= key − row − offset <= window_size_right, a negative size being no limit;
-// offset as FwdBlock's). Their softmax needs no per-element mask. The sm90 forward asks it per
+// offset as FwdBlock's). Their softmax needs no per-element mask. last_row < first_row (a
+// warpgroup wholly past its sequence's end, rows that are never stored) gives some range, unused.
+// The sm90 forward asks it per
 // consumer warpgroup (64 rows), not per block: at block_m 256 and block_n 64 under a causal mask a
 // block-level test masked 10 warpgroup-tiles per diagonal where 4 need it (perf-notes, session
 // 24). Host and device; tested without a GPU (tests/cuda/test_cuda_fwd_tiles.cpp).
@@ -191,7 +193,8 @@ template <int kBlockN>
 FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t last_row, int64_t offset, int len_k,
                                                       int window_size_left, int window_size_right, int& free_lo,
                                                       int& free_hi) {
-  static_assert(kBlockN > 0 && (kBlockN & (kBlockN - 1)) == 0, "block_n: a power of two (the shifts floor)");
+  // (At block_n >= 16 the shifted bounds of int32 rows, offsets and windows fit an int.)
+  static_assert(kBlockN >= 16 && (kBlockN & (kBlockN - 1)) == 0, "block_n: a power of two >= 16 (the shifts floor)");
   constexpr int shift = [] {
     int s = 0;
     while ((1 << s) < kBlockN) ++s;
@@ -206,9 +209,9 @@ FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t
 #endif
   free_lo = 0;
   free_hi = len_k / kBlockN;
-  if (window_size_right >= 0)  // n0 + kBlockN − 1 <= first_row + offset + window_size_right
+  if (window_size_right >= 0)  // nb · kBlockN + kBlockN − 1 <= first_row + offset + window_size_right
     free_hi = int(min(int64_t(free_hi), (first_row + offset + window_size_right + 1) >> shift));
-  if (window_size_left >= 0) {  // n0 >= last_row + offset − window_size_left
+  if (window_size_left >= 0) {  // nb · kBlockN >= last_row + offset − window_size_left
     const int64_t first_free = (last_row + offset - window_size_left + kBlockN - 1) >> shift;
     free_lo = int(min(int64_t(INT32_MAX), max(int64_t(0), first_free)));
   }
