@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "common/params.hpp"
 #include "cuda/fwd_traits.hpp"
 
 namespace flashattn::cuda {
@@ -50,14 +51,19 @@ TEST(CudaFwdTiles, DegenerateInputs) {
   EXPECT_TRUE(pays(1024, int64_t(1) << 40));  // 2^42 tiles: no overflow in the wave count
 }
 
-// Whether every key of tile nb is visible to every row first_row .. last_row (params.hpp's rule).
+// Whether every key of tile nb is visible to every row first_row .. last_row, row by row through
+// the mask's one definition (params.hpp's visible_keys(), whose offset is len_k − len_q under
+// bottom-right alignment: len_q = len_k − offset gives any offset).
 template <int kBlockN>
 bool tile_whole(int nb, int64_t first_row, int64_t last_row, int64_t offset, int len_k, int left, int right) {
-  for (int64_t row = first_row; row <= last_row; ++row)
-    for (int64_t key = int64_t(nb) * kBlockN; key < int64_t(nb + 1) * kBlockN; ++key) {
-      const int64_t d = key - row - offset;
-      if (key >= len_k || (left >= 0 && d < -left) || (right >= 0 && d > right)) return false;
-    }
+  detail::Params p{};
+  p.window_size_left = left;
+  p.window_size_right = right;
+  p.align_bottom_right = true;
+  for (int64_t row = first_row; row <= last_row; ++row) {
+    const detail::KeyRange keys = detail::visible_keys(p, row, int64_t(len_k) - offset, len_k);
+    if (keys.lo > int64_t(nb) * kBlockN || keys.hi < int64_t(nb + 1) * kBlockN) return false;
+  }
   return true;
 }
 
