@@ -14,8 +14,9 @@
 //     tile-fastest at head_dim 64 and seqlen 512 (perf-notes, bwd v10).
 //   - Balance: under a causal mask tile 0 is the heaviest (twice the mean), and tile-fastest to
 //     the end let the last pairs' heavy tiles start late and set the kernel's end (Llama-3.1-8B
-//     causal backward -15 %). The tail group holds at least two waves of blocks
-//     (bwd_tail_pairs()), its heavy tiles start first and end before its light ones.
+//     causal backward -15 %). The tail group holds at least two waves of blocks, or the whole
+//     of a grid of few waves (bwd_tail_pairs()); its heavy tiles start first and end before its
+//     light ones.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +38,21 @@ FLASHATTN_HOST_DEVICE inline PairTile grouped_block_at(int64_t linear, int64_t p
   return {int(first_tail_pair + i % tail_pairs), int(i / tail_pairs)};
 }
 
-// Pairs of the tail group: enough for two waves of `tiles`-tile pairs on `sms` SMs when the tiles'
-// work differs (`masked`: a causal mask or a window), else none: unmasked there is nothing to
-// balance, and the pairs keep their lockstep reuse (the two orders measured within noise there:
-// -7 % in one A/B, +0-2 % in the bench of the same call).
+// Pairs of the tail group when the tiles' work differs (`masked`: a causal mask or a window), else
+// none: unmasked there is nothing to balance, and the pairs keep their lockstep reuse (the two
+// orders measured within noise there: -7 % in one A/B, +0-2 % in the bench of the same call).
+//   - A grid of at most kWholeGridWaves waves goes tile-major whole: tile-major is heaviest first
+//     under a causal mask, and in-order dispatch of a heaviest-first list ends within a light
+//     block of the mean. With a two-wave tail instead, Llama-3.1-8B's causal backward (8 pairs of
+//     64 tiles, 3.9 waves) started the tail's 512-step tiles behind the head's third pair and ended
+//     5 % after the mean (the list-scheduling count in tests/cuda/test_cuda_grid_order.cpp).
+//   - A larger grid keeps a tail of at least two waves: tile-major over hundreds of pairs at
+//     seqlen 512 lost the pairs' L2 reuse (-2 to -7 %, perf-notes bwd v10), and there the head's
+//     light tiles are many and short enough to fill in around the tail's heavy ones.
+inline constexpr int kWholeGridWaves = 8;
 inline int bwd_tail_pairs(int64_t pairs, int64_t tiles, int sms, bool masked) {
   if (!masked || pairs < 1 || tiles < 1) return 0;
+  if (pairs * tiles <= int64_t(kWholeGridWaves) * sms) return int(pairs);
   const int64_t g = (2 * int64_t(sms) + tiles - 1) / tiles;
   return int(g < 1 ? 1 : g > pairs ? pairs : g);
 }
