@@ -86,7 +86,7 @@ template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
-                    const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const FastDiv m_blocks,
+                    const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const TileOrder order,
                     const FastDiv heads, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Tile t = (batch, head, query block), query blocks from the end of the sequence first (under a
-  // causal mask the last ones see the most keys). A block starts with tile blockIdx.x and goes on
+  // causal mask the last ones see the most keys), pairs (batch, head) one after the other but the
+  // last few under a mask, whose tiles go tile-major (`order`, grid_order.hpp). A block starts with tile blockIdx.x and goes on
   // with blockIdx.x + gridDim.x, ... (static), or, given tile_counter, with gridDim.x plus what an
   // atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
   // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
@@ -119,10 +120,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x);
   };
   auto tile_block = [&](int tile, FwdBlock& blk) {
-    // (m_blocks.d query blocks per head, heads.d = p.num_heads.)
-    const int bh = m_blocks.div(tile), mi = tile - bh * m_blocks.d;
-    const int b = heads.div(bh), h = bh - b * heads.d;
-    return fwd_block_at<BM, BN, true>(p, m_blocks.d - 1 - mi, h, b, blk);
+    // (pair = batch · heads + head, order.tiles.d query blocks per pair, heads.d = p.num_heads.)
+    const PairTile pt = order.at(tile);
+    const int b = heads.div(pt.pair), h = pt.pair - b * heads.d;
+    return fwd_block_at<BM, BN, true>(p, order.tiles.d - 1 - pt.tile, h, b, blk);
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -851,8 +852,14 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
+  // Under a mask the last pairs' tiles go tile-major (grid_order.hpp fwd_tail_pairs): the grid ends
+  // on light tiles instead of a last head's heaviest. Its order serves the dynamic counter and the
+  // hardware's in-order dispatch of one block per tile alike.
+  const int64_t pairs = int64_t(p.num_heads) * batch;
+  const int tail = fwd_tail_pairs(pairs, num_m_blocks, multiprocessor_count(),
+                                  p.window_size_left >= 0 || p.window_size_right >= 0);
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
-      p, tq, tk, tv, to, o_tma, FastDiv(num_m_blocks), FastDiv(p.num_heads), int(num_tiles),
+      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
       persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
