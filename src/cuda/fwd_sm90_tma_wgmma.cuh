@@ -854,9 +854,10 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
   // Under a mask the last pairs' tiles go tile-major (grid_order.hpp fwd_tail_pairs): the grid ends
   // on light tiles instead of a last head's heaviest. Its order serves the dynamic counter and the
-  // hardware's in-order dispatch of one block per tile alike.
+  // hardware's in-order dispatch of one block per tile alike; a wave is as many tiles as run at
+  // once (so that the testing cap on persistent blocks sends small grids through both orders).
   const int64_t pairs = int64_t(p.num_heads) * batch;
-  const int tail = fwd_tail_pairs(pairs, num_m_blocks, multiprocessor_count(),
+  const int tail = fwd_tail_pairs(pairs, num_m_blocks, int(std::min<int64_t>(blocks, multiprocessor_count())),
                                   p.window_size_left >= 0 || p.window_size_right >= 0);
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
       p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
