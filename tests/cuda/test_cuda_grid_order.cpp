@@ -62,26 +62,32 @@ TEST(CudaGridOrder, TailPairs) {
   EXPECT_EQ(bwd_tail_pairs(16, 1000, 132, true), 1);  // one pair already holds two waves
 }
 
-// In-order dispatch of the grid onto `sms` SMs, each block taking the SM that frees first (how the
-// hardware hands out the blocks of a launch), with a causal backward's work per block: key tile
-// `tile` of a square causal grid sees (tiles - tile) query tiles of two 64-row steps for each of
-// the `group` query heads of its KV head (GQA), plus a fixed cost of six steps (K / V load,
-// pipeline ramp, epilogue; perf-notes bwd). Returns the makespan over the mean load per SM: 1 is a
+// In-order dispatch of `blocks` blocks onto `sms` SMs, each block taking the SM that frees first
+// (how the hardware hands out the blocks of a launch, and how a dynamic tile counter does),
+// block `linear` costing cost(linear). Returns the makespan over the mean load per SM: 1 is a
 // perfect balance.
-double causal_makespan_over_mean(int64_t pairs, int64_t tiles, int group, int sms, int tail) {
+template <typename Cost>
+double makespan_over_mean(int64_t blocks, int sms, Cost cost) {
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
   for (int i = 0; i < sms; ++i) free_at.push(0.0);
   double total = 0, end = 0;
-  for (int64_t linear = 0; linear < pairs * tiles; ++linear) {
-    const PairTile pt = grouped_block_at(linear, pairs, tiles, tail);
-    const double work = 2.0 * group * double(tiles - pt.tile) + 6.0;
-    const double start = free_at.top();
+  for (int64_t linear = 0; linear < blocks; ++linear) {
+    const double work = cost(linear), start = free_at.top();
     free_at.pop();
     free_at.push(start + work);
     end = std::max(end, start + work);
     total += work;
   }
   return end / (total / sms);
+}
+
+// The backward's blocks under a causal mask: key tile `tile` of a square causal grid sees
+// (tiles - tile) query tiles of two 64-row steps for each of the `group` query heads of its KV
+// head (GQA), plus a fixed cost of six steps (K / V load, pipeline ramp, epilogue; perf-notes bwd).
+double causal_makespan_over_mean(int64_t pairs, int64_t tiles, int group, int sms, int tail) {
+  return makespan_over_mean(pairs * tiles, sms, [&](int64_t linear) {
+    return 2.0 * group * double(tiles - grouped_block_at(linear, pairs, tiles, tail).tile) + 6.0;
+  });
 }
 
 // The balance that bwd_tail_pairs() buys under a causal mask, by that count: within 2 % of the
@@ -152,24 +158,14 @@ TEST(CudaGridOrder, TileOrderMatchesGroupedBlockAt) {
   EXPECT_EQ(fwd_tail_pairs(4, 16, 132, true), 4);    // fewer pairs than two waves need: all
 }
 
-// In-order dispatch of the forward's causal tiles (query block tile = 0 the last, seeing `tiles`
-// key blocks of block_m keys; tile t sees tiles - t) onto 132 SMs, each tile costing its key
-// blocks plus 1.1 for its set-up and epilogue (the clock64 timeline at head_dim 128, perf-notes
-// forward): makespan over the mean load, as causal_makespan_over_mean().
+// The forward's causal tiles through TileOrder (tile 0 is a pair's last query block, which sees
+// all `tiles` key blocks of block_m keys; tile t sees tiles - t), each costing its key blocks plus
+// 1.1 for its set-up and epilogue (the clock64 timeline at head_dim 128, perf-notes forward).
 double fwd_causal_makespan_over_mean(int64_t pairs, int tiles, int tail) {
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-  for (int i = 0; i < 132; ++i) free_at.push(0.0);
   const TileOrder order(pairs, tiles, tail);
-  double total = 0, end = 0;
-  for (int64_t linear = 0; linear < pairs * tiles; ++linear) {
-    const double work = double(tiles - order.at(int(linear)).tile) + 1.1;
-    const double start = free_at.top();
-    free_at.pop();
-    free_at.push(start + work);
-    end = std::max(end, start + work);
-    total += work;
-  }
-  return end / (total / 132);
+  return makespan_over_mean(pairs * tiles, 132, [&](int64_t linear) {
+    return double(tiles - order.at(int(linear)).tile) + 1.1;
+  });
 }
 
 // Pair-major to the end (tail 0) ends 5-7 % after the mean at the FA-2 paper's causal head_dim 128
