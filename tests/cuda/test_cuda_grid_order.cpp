@@ -100,9 +100,11 @@ TEST(CudaGridOrder, CausalBalance) {
     int group;
     double bound;
   };
-  // Llama-3.1-8B at seqlen 8192 (batch 1, 2) and 4096 (batch 2); FA-2 paper shapes at head_dim 128.
+  // Llama-3.1-8B at seqlen 8192 (batch 1, 2), 4096 (batch 2) and 16384; FA-2 paper shapes at
+  // head_dim 128 (seqlen 8192, 512, 2048, 16384).
   for (const Grid& g : {Grid{8, 64, 4, 1.02}, Grid{16, 64, 4, 1.02}, Grid{16, 32, 4, 1.02}, Grid{8, 128, 4, 1.02},
-                        Grid{32, 64, 1, 1.035}, Grid{512, 4, 1, 1.035}, Grid{128, 16, 1, 1.035}, Grid{16, 128, 1, 1.035}}) {
+                        Grid{32, 64, 1, 1.035}, Grid{512, 4, 1, 1.035}, Grid{128, 16, 1, 1.035},
+                        Grid{16, 128, 1, 1.035}}) {
     const int tail = bwd_tail_pairs(g.pairs, g.tiles, 132, true);
     EXPECT_LE(causal_makespan_over_mean(g.pairs, g.tiles, g.group, 132, tail), g.bound)
         << "pairs " << g.pairs << ", tiles " << g.tiles << ", tail " << tail;
