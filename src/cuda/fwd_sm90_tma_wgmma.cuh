@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Tile t = (batch, head, query block), query blocks from the end of the sequence first (under a
   // causal mask the last ones see the most keys), pairs (batch, head) one after the other but the
-  // last few under a mask, whose tiles go tile-major (`order`, grid_order.hpp). A block starts with tile blockIdx.x and goes on
-  // with blockIdx.x + gridDim.x, ... (static), or, given tile_counter, with gridDim.x plus what an
-  // atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
+  // last few under a mask, whose tiles go tile-major (`order`, grid_order.hpp). A block starts
+  // with tile blockIdx.x and goes on with blockIdx.x + gridDim.x, ... (static), or, given
+  // tile_counter, with gridDim.x plus what an atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
   // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
   // tiles the producer fetches them and hands them to the consumers through a two-entry ring.
   const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
