@@ -110,9 +110,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // causal mask the last ones see the most keys), pairs (batch, head) one after the other but the
   // last few under a mask, whose tiles go tile-major (`order`, grid_order.hpp). A block starts
   // with tile blockIdx.x and goes on with blockIdx.x + gridDim.x, ... (static), or, given
-  // tile_counter, with gridDim.x plus what an atomic add on it returns (dynamic: a block that finishes early takes the next tile, as the
-  // hardware's dispatch of one block per tile would); launch_fwd_sm90 says which. Under dynamic
-  // tiles the producer fetches them and hands them to the consumers through a two-entry ring.
+  // tile_counter, with gridDim.x plus what an atomic add on it returns (dynamic: a block that
+  // finishes early takes the next tile, as the hardware's dispatch of one block per tile would);
+  // launch_fwd_sm90 says which. Under dynamic tiles the producer fetches them and hands them to
+  // the consumers through a two-entry ring.
   const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
   // The static order's next tile, saturating at num_tiles: with one block per tile, tile +
   // gridDim.x would pass 2^31 for num_tiles above 2^30.
