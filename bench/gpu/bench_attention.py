@@ -11,7 +11,11 @@ halved for causal, times 2.5 for the backward (FA-2's convention). Times from
 triton.testing.do_bench (CUDA events, warm-up first, L2 flushed between runs, median), taken in
 --rounds interleaved rounds per shape (each contender once per round, the order rotated) and the
 median of the rounds kept, so that the GPU's clock drift under its power cap does not decide the
-ratios. Inputs are fresh N(0, 1) draws, never zeros.
+ratios. Before every timed measurement the GPU idles --rest-ms, so that each starts from the same
+clock whatever ran before it (as NVBench waits for a throttled GPU to recover): on the power-capped
+H200 the lead-in moved one contender's time by up to 20 % and a ratio by up to 9 %, and a rotated
+order keeps each contender behind the same neighbour in every round (bench/gpu/power_order.py,
+docs/perf-notes.md). Inputs are fresh N(0, 1) draws, never zeros.
 
 Writes bench.json, bench.md (a markdown table) and bench.png (TFLOP/s per shape) to --out, and
 prints the table last. Usage:
@@ -238,6 +242,8 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--flex-seqlens", default="2048,8192", help="seqlens on which FlexAttention runs ('' = none)")
     ap.add_argument("--rep-ms", type=float, default=60.0, help="measuring time per (contender, pass), split over --rounds")
+    ap.add_argument("--rest-ms", type=float, default=100.0,
+                    help="GPU idle time before every timed measurement (equal lead-in for every contender)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds per shape (contenders in rotated order each round; the median is kept)")
     ap.add_argument("--ours-variants", default="", help="also time these FLASHATTN_FWD_VARIANT values (sweep builds)")
@@ -304,10 +310,18 @@ def main():
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
 
     rounds = max(1, args.rounds)
+    started = time.time()
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        time.sleep(args.rest_ms / 1e3)
+        return do_bench(fn, warmup=10, rep=args.rep_ms / rounds, return_mode="median")
+
     dev = torch.cuda.get_device_properties(0)
     meta = {"device": dev.name, "sms": dev.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,
+            "rest_ms": args.rest_ms, "rep_ms": args.rep_ms}
     try:
         import triton
 
@@ -351,9 +365,9 @@ def main():
                         if "error" in rec:
                             continue
                         try:
-                            tf.append(do_bench(fwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
+                            tf.append(timed(fwd))
                             if not args.no_bwd and bwd is not None:
-                                tb.append(do_bench(bwd, warmup=10, rep=args.rep_ms / rounds, return_mode="median"))
+                                tb.append(timed(bwd))
                         except Exception as e:
                             rec["error"] = error_text(e)
                 for cname, rec, fwd, bwd, tf, tb in runs:
@@ -382,10 +396,12 @@ def main():
                                  f"{r.get('bwd_tflops', float('nan')):.0f}" + (" ERR" if "error" in r else "")
                                  for r in line), f"<- {name} {dtype} causal={causal}", flush=True)
 
+    meta["seconds"] = round(time.time() - started)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     impls = list(contenders)
     md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
-          f"TFLOP/s (fwd / bwd; median of {meta['rounds']} interleaved rounds of do_bench medians). "
+          f"TFLOP/s (fwd / bwd; median of {meta['rounds']} interleaved rounds of do_bench medians, "
+          f"the GPU idle {meta['rest_ms']:g} ms before each). "
           "FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
           "| shape | dtype | causal | " + " | ".join(impls) +
           " | ours/fa2 fwd | ours/fa2 bwd | ours/cudnn fwd | ours/cudnn bwd |",

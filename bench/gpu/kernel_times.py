@@ -3,7 +3,7 @@ backends, at one shape: where the time of a backward goes (preprocess, main kern
 postprocess, memsets) and how it compares kernel by kernel.
 
   python3 bench/gpu/kernel_times.py --batch 32 --seqlen 512 --heads 32 --head-dim 64 [--heads-k 8] [--causal]
-      [--forward-only] [--flush]
+      [--forward-only] [--flush] [--dtype float16]
 
 --flush writes a 256 MB buffer before each call, as triton's do_bench (bench_attention.py) does to
 empty the L2 cache: the kernels' own times under the bench's conditions, without its launch gaps.
@@ -32,14 +32,16 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--forward-only", action="store_true", help="time the forward alone")
     ap.add_argument("--flush", action="store_true", help="256 MB written before each call (L2 emptied)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     args = ap.parse_args()
     heads_k = args.heads if args.heads_k is None else args.heads_k
     if heads_k < 1 or args.heads % heads_k:
         ap.error(f"--heads-k: expected a divisor of --heads ({args.heads}), got {heads_k}")
     shape = (args.batch, args.seqlen, args.heads, args.head_dim)
     kv_shape = (args.batch, args.seqlen, heads_k, args.head_dim)
-    q, k, v = (torch.randn(s, device="cuda", dtype=torch.bfloat16, requires_grad=True) for s in (shape, kv_shape, kv_shape))
-    g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(s, device="cuda", dtype=dtype, requires_grad=True) for s in (shape, kv_shape, kv_shape))
+    g = torch.randn(shape, device="cuda", dtype=dtype)
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
 
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if args.flush else None
@@ -62,7 +64,7 @@ def main():
         return run
 
     what = "fwd" if args.forward_only else "fwd+bwd"
-    print(f"bf16 {shape} heads_k={heads_k} causal={args.causal}: GPU time per {what}, by kernel (us), "
+    print(f"{args.dtype} {shape} heads_k={heads_k} causal={args.causal}: GPU time per {what}, by kernel (us), "
           f"{args.iters} iterations{', L2 flushed before each' if flush is not None else ''}")
     for name, fn in (("ours", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION)), ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
         try:
