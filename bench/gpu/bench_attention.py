@@ -57,6 +57,25 @@ def make_inputs(b, s, h, hk, d, dtype):
     return q, k, v, do
 
 
+def add_shape_args(ap):
+    """One shape's flags for the diagnostics that time the bench's contenders (call_gaps.py,
+    power_order.py): batch, seqlen, heads (heads_k), head_dim, causal, dtype and the pass."""
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seqlen", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads-k", type=int, default=None, help="KV heads (GQA / MQA); default --heads")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="bwd")
+
+
+def shape_inputs(args):
+    """(heads_k, (q, k, v, do)) for add_shape_args()'s flags, fresh N(0, 1) draws."""
+    hk = args.heads if args.heads_k is None else args.heads_k
+    return hk, make_inputs(args.batch, args.seqlen, args.heads, hk, args.head_dim, getattr(torch, args.dtype))
+
+
 # ---- the contenders: each returns (fwd_fn, bwd_fn) over [batch, seqlen, heads, dim] inputs ----
 
 _OUR_ENV_KNOBS = set()

@@ -34,18 +34,10 @@ SYNCING = ("Synchronize", "cudaMemcpy", "cuMemcpy", "cudaFree", "cuMemFree", "cu
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seqlen", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--heads-k", type=int, default=None)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
-    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="bwd")
+    ba.add_shape_args(ap)
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
-    hk = args.heads if args.heads_k is None else args.heads_k
-    q, k, v, do = ba.make_inputs(args.batch, args.seqlen, args.heads, hk, args.head_dim, getattr(torch, args.dtype))
+    hk, (q, k, v, do) = ba.shape_inputs(args)
     contenders = {"ours": ba.ours, "cudnn": ba.sdpa("CUDNN_ATTENTION"), "fa2": ba.sdpa("FLASH_ATTENTION")}
     flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")  # as triton.testing.do_bench
     print(f"{args.dtype} batch {args.batch} seqlen {args.seqlen} heads {args.heads}/{hk} head_dim {args.head_dim} "

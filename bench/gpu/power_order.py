@@ -30,21 +30,13 @@ def sm_clock():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seqlen", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--heads-k", type=int, default=None)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
-    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="bwd")
+    ba.add_shape_args(ap)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rep-ms", type=float, default=20.0, help="do_bench's rep per timing (the bench's per-round value)")
     ap.add_argument("--heat-ms", type=float, default=200.0)
     ap.add_argument("--idle-ms", type=float, default=300.0)
     args = ap.parse_args()
-    hk = args.heads if args.heads_k is None else args.heads_k
-    q, k, v, do = ba.make_inputs(args.batch, args.seqlen, args.heads, hk, args.head_dim, getattr(torch, args.dtype))
+    hk, (q, k, v, do) = ba.shape_inputs(args)
     made = {}
     for name, make in (("ours", ba.ours), ("cudnn", ba.sdpa("CUDNN_ATTENTION")), ("fa2", ba.sdpa("FLASH_ATTENTION"))):
         fwd, bwd = make(q, k, v, do, args.causal)
