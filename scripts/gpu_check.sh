@@ -33,7 +33,8 @@
 #                                     Logs go to $OUT (or ./gpu-check-out); a short table is printed last.
 #                                     The device allows 600 s per command: tests,sanitize,python,bench
 #                                     together ran past it in session 17 (the bench never started);
-#                                     run tests,sanitize,python and bench as two calls.
+#                                     run tests,sanitize,python and bench as two calls (the bench
+#                                     alone takes ~6 min since session 27's rest before each timing).
 # Environment: GTEST_FILTER narrows the test run and GTEST_FILTER_SM80 the sm80-forced rerun;
 # BENCH_ARGS are passed to bench_attention.py; TRAIN_STEPS (default 300) to train_gpt.py; for build,
 # CUDA_BWD=OFF leaves the backward out and FWD_SWEEP=ON builds the sm80 forward's tile sweep.
