@@ -328,6 +328,8 @@ def main():
         shapes = [sh for sh in shapes if any(x in sh[0] for x in args.shapes.split(","))]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
 
+    if args.rest_ms < 0:
+        ap.error(f"--rest-ms: expected a time >= 0, got {args.rest_ms}")
     rounds = max(1, args.rounds)
     started = time.time()
 
