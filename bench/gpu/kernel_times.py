@@ -46,22 +46,23 @@ def main():
 
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if args.flush else None
 
-    def ours():
-        if flush is not None:
-            flush.zero_()
-        out = flashattn.flash_attn_func(q, k, v, causal=args.causal)
-        if not args.forward_only:
-            out.backward(g)
-
-    def sdpa(backend):
+    def call(forward, grad):
+        """One profiled call: the flush, forward(), and its backward unless --forward-only."""
         def run():
             if flush is not None:
                 flush.zero_()
-            with sdpa_kernel(backend):
-                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal, enable_gqa=heads_k != args.heads)
-                if not args.forward_only:
-                    out.backward(g.transpose(1, 2))
+            out = forward()
+            if not args.forward_only:
+                out.backward(grad)
         return run
+
+    ours = call(lambda: flashattn.flash_attn_func(q, k, v, causal=args.causal), g)
+
+    def sdpa(backend):
+        def forward():
+            with sdpa_kernel(backend):  # the backend is chosen here; the backward follows it
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal, enable_gqa=heads_k != args.heads)
+        return call(forward, g.transpose(1, 2))
 
     what = "fwd" if args.forward_only else "fwd+bwd"
     print(f"{args.dtype} {shape} heads_k={heads_k} causal={args.causal}: GPU time per {what}, by kernel (us), "
