@@ -311,11 +311,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // dQ = dS K over all 128 keys for one 64 x 64 tile per warpgroup (head_dim 128: columns
         // cw·64.., head_dim 64: queries cw·64..): A = dSᵀ read MN-major, B = K MN-major. The tile
-        // leaves as one 16 KB bulk reduce-add (FA-3's dQ path) from this consumer's staging
-        // buffer, in the accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset). The
-        // staging buffer is free once the previous step's reduce has read it: thread 0 waits for
-        // that before the barrier that also publishes both consumers' dSᵀ.
-        if (tid == 0) bulk_wait_read<0>();
+        // leaves as bulk reduce-adds (FA-3's dQ path) from this consumer's staging buffer, in the
+        // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset), one 4 KB reduce per warp
+        // for its own 16 rows (contiguous in both layouts), issued once the warp has staged them:
+        // no barrier of the warpgroup on the step's path. A warp's rows are free once its previous
+        // reduce has read them: its lane 0 waits for that before the barrier that also publishes
+        // both consumers' dSᵀ.
+        if (lane == 0) bulk_wait_read<0>();
         named_barrier_sync(1, 256);
         if (cw == 1) named_barrier_sync(15, 256);  // dQ in the same order as Sᵀ / dPᵀ (barrier 14)
         const int col0 = kDqSplitN ? cw * 64 : 0;
@@ -360,15 +362,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
           for (int r = 0; r < 4; ++r) fence_operand(dsf[kk][r]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(s));
-        named_barrier_sync(4 + cw, 128);
-        if (tid == 0) {
+        __syncwarp();  // the warp's staging writes (each lane fenced them for the async proxy)
+        if (lane == 0) {
+          mbar_arrive(empty(s));
           // Rows past the sequence end hold exact zeros (their dS columns are 0); the
           // statistics rows are padded, so the whole tile lies inside the accumulator.
           float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
-                       dq_accum_offset(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0);
-          bulk_reduce_add_f32(dst, sDQ, Cfg::kDqBytes);
+                       dq_accum_offset(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0) + warp * (Cfg::kDqBytes / 16);
+          bulk_reduce_add_f32(dst, sDQ + warp * (Cfg::kDqBytes / 4), Cfg::kDqBytes / 4);
           bulk_commit();
         }
         if (++s == S) {
@@ -415,10 +416,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (c8 * 8 < p.head_dim_v)
         *reinterpret_cast<uint4*>(dv_ptr + row * p.dv_row_stride + c8 * 8) = *reinterpret_cast<const uint4*>(gptr(sV + off));
     }
-    // The last bulk reduce (its sDQ only; the epilogue stages in sK / sV) must finish reading
-    // shared memory before the block exits: waited for here, after the stores, rather than before
-    // the epilogue, so that its latency hides under them.
-    if (tid == 0) bulk_wait_read<0>();
+    // The last bulk reduces (their sDQ rows only; the epilogue stages in sK / sV) must finish
+    // reading shared memory before the block exits: waited for here by the lanes that issued them,
+    // after the stores, rather than before the epilogue, so that their latency hides under them.
+    if (lane == 0) bulk_wait_read<0>();
   }
 #endif
 }
