@@ -157,25 +157,31 @@ if [[ $what == *tests* ]]; then
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_sm80.log" | sort -u | head -20
   grep -E "(forward|backward) kernel:" "$OUT/tests_sm80.log" | head -2
   summary+=("tests (FLASHATTN_CUDA_FWD=sm80 FLASHATTN_CUDA_BWD=sm80): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_sm80.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_sm80.log") failed, $(( $(date +%s) - start )) s")
-  # The forward suite again under one testing switch (`env` assignments), appended to tests_sm80.log.
-  forward_suite_with() {
+  # A suite (gtest filter) again under one testing switch (`env` assignments), appended to
+  # tests_sm80.log.
+  suite_with() {
+    local filter=$1
+    shift
     start=$(date +%s)
-    env "$@" $DIST/test_cuda --gtest_filter='*CudaForward*' > "$OUT/tests_switch.log" 2>&1
+    env "$@" $DIST/test_cuda --gtest_filter="$filter" > "$OUT/tests_switch.log" 2>&1
     rc=$?
     grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/tests_switch.log" | sort -u | head -20
     cat "$OUT/tests_switch.log" >> "$OUT/tests_sm80.log"
-    summary+=("forward tests ($*): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_switch.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_switch.log") failed, $(( $(date +%s) - start )) s")
+    summary+=("tests $filter ($*): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests_switch.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/tests_switch.log") failed, $(( $(date +%s) - start )) s")
     rm -f "$OUT/tests_switch.log"
   }
   # 3 persistent blocks: small shapes then take several tiles per block (static order when nothing
   # is masked, the atomic counter for causal, windows, varlen).
-  forward_suite_with FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   # out stored per thread instead of by TMA (the path varlen batches and strides that fit no tensor
   # map take).
-  forward_suite_with FLASHATTN_CUDA_FWD_O_TMA=0
+  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_O_TMA=0
   # head_dim 64's short-sequence tile (block_m 256, four consumers) at every shape, through several
   # tiles per block.
-  forward_suite_with FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  # The Hopper backward's split tail on every block, under every mask (a block's query steps in
+  # three parts, their dK / dV summed by the last part of each warp's rows).
+  suite_with '*CudaBackward*' FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
 fi
 
 if [[ $what == *sanitize* ]]; then

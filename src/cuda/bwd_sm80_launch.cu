@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -78,6 +79,12 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
     for (int64_t x = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x; x < n4;
          x += nthreads)
       acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  if (p.split_sync != nullptr) {  // the Hopper kernel's split-tail tickets and flags
+    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
+    for (int64_t x = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x;
+         x < p.split_sync_ints; x += nthreads)
+      p.split_sync[x] = 0;
   }
   const RowUnit<kTpr> r = row_unit<kTpr>(p);
   const int b = blockIdx.y;
@@ -256,7 +263,34 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
   bp.dq_accum_cols = use_sm90 ? bwd_sm80_head_dim_bucket(p) : 0;
   const int64_t accum_count = p.deterministic ? 0 : stat_count * dq_accum_row_floats(bp);
-  const size_t bytes = static_cast<size_t>(2 * stat_count + accum_count) * sizeof(float);
+  const int bucket = bwd_sm80_head_dim_bucket(p);
+  // The Hopper dK/dV kernel's split tail (bwd_sm90_tma_wgmma.cuh, grid_order.hpp
+  // bwd_split_tail_blocks): where every block costs the same (no mask, no varlen lengths), the last
+  // partial wave's blocks run as kBwdSplitParts parts. FLASHATTN_CUDA_BWD_SPLIT_TAIL=0 never splits,
+  // =1 (testing) splits every block, under any mask; read at every call, so that a benchmark can
+  // time both in one process. Workspace per split block: each consumer warp's slot holds its parts'
+  // summed dK and dV (32 lanes x bucket floats), and 4 ints of ticket and flags.
+  const int64_t pairs = static_cast<int64_t>(bp.batch) * bp.num_heads_k;
+  bp.split_first = std::numeric_limits<int64_t>::max();
+  int64_t split_blocks = 0;
+  if (use_sm90 && !bwd_sm90_dsplit_bucket(bucket) && bp.seqlen_k > 0 && bp.seqlen_q > 0 &&
+      !env_is("FLASHATTN_CUDA_BWD_SPLIT_TAIL", "0")) {
+    const int block_n = BwdSm90Config<128>::kBlockN;
+    const int block_m = bucket <= 64 ? BwdSm90Config<64>::kBlockM : BwdSm90Config<128>::kBlockM;
+    const int64_t tiles = (bp.seqlen_k + block_n - 1) / block_n, blocks = pairs * tiles;
+    const bool uniform = p.cu_seqlens_q == nullptr && bp.window_size_left < 0 && bp.window_size_right < 0;
+    const int64_t steps = static_cast<int64_t>((bp.seqlen_q + block_m - 1) / block_m) * bp.head_ratio;
+    split_blocks = env_is("FLASHATTN_CUDA_BWD_SPLIT_TAIL", "1") ? blocks
+                   : uniform ? bwd_split_tail_blocks(blocks, multiprocessor_count(), steps, kBwdSplitParts)
+                             : 0;
+    // The grid's y dimension (rows of `pairs` blocks) stays within CUDA's 65535.
+    if ((blocks + (kBwdSplitParts - 1) * split_blocks + pairs - 1) / pairs > 65535) split_blocks = 0;
+    if (split_blocks > 0) bp.split_first = blocks - split_blocks;
+  }
+  const int64_t split_ws_count = split_blocks * 8 * 32 * bucket;
+  bp.split_sync_ints = split_blocks * 8 * 4;
+  const size_t bytes =
+      static_cast<size_t>(2 * stat_count + accum_count + split_ws_count + bp.split_sync_ints) * sizeof(float);
   StreamBuffer ws;
   ws.stream = stream;
   if (bytes > 0) FA_CUDA_CHECK(cudaMallocAsync(&ws.ptr, bytes, stream));
@@ -269,8 +303,10 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // address" in the postprocess at seqlen_q = 1.)
   static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");
   bp.dq_accum = p.deterministic || accum_count == 0 ? nullptr : base + 2 * stat_count;  // zeroed by the preprocess
-
-  const int bucket = bwd_sm80_head_dim_bucket(p);
+  // (16-byte aligned after dq_accum: its floats are a multiple of 64 per row.)
+  bp.split_ws = split_blocks > 0 ? base + 2 * stat_count + accum_count : nullptr;
+  // (Zeroed by the preprocess.)
+  bp.split_sync = split_blocks > 0 ? reinterpret_cast<int*>(bp.split_ws + split_ws_count) : nullptr;
   dispatch_dtype(p.dtype, [&](auto elem) {
     using Elem = decltype(elem);
     dispatch_head_dim(bucket, [&](auto hdim) {

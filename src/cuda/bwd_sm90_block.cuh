@@ -32,7 +32,10 @@ struct BwdSm90Block {
   int off;                   // key − query offset of the mask's diagonal (bottom-right: len_k − len_q)
   int wl, wr;                // window_size_left / _right, −1 unbounded
   int first, count;          // query tiles [first, first + count) see keys [n0, n0 + BN)
-  int head_ratio, iters;     // iters = count · head_ratio steps
+  int head_ratio, iters;     // iters = count · head_ratio steps (a split part's share of them)
+  BwdStep start;             // the first step: {0, 0}, or a split part's
+  int split, part;           // the split tail (BwdParams::split_first): block index among the split
+                             // ones and part in [0, kBwdSplitParts); -1, -1 for a whole block
 
   __device__ __forceinline__ BwdStep next(BwdStep step) const {
     if (++step.tile == count) {
@@ -45,12 +48,34 @@ struct BwdSm90Block {
   __device__ __forceinline__ int m0_of(BwdStep step) const { return (first + step.tile) * BM; }
 };
 
-// This block's work (grouped_block() order of the (pair, key tile) grid). n0 >= len_k: nothing
-// (a key tile past a shorter varlen sequence); the kernel returns.
+// This block's place in the launch order, and, for a split block's part (BwdParams::split_first),
+// its split block index and part in [0, kBwdSplitParts) (else split = part = -1); returns the
+// linear index of the (pair, tile) block it works on. blockIdx is read through volatile asm, so
+// that a kernel which calls this again after its main loop recomputes split and part there instead
+// of keeping them in registers through the loop (the consumers use 237 of their 240).
+__device__ __forceinline__ int64_t bwd_split_item(const BwdParams& p, int& split, int& part) {
+  unsigned x, y;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(y));
+  const int64_t linear = int64_t(y) * gridDim.x + x;
+  split = part = -1;
+  if (linear < p.split_first) return linear;
+  const int64_t item = linear - p.split_first;
+  split = int(item / kBwdSplitParts);
+  part = int(item % kBwdSplitParts);
+  return p.split_first + split;
+}
+
+// This block's work (grouped_block() order of the (pair, key tile) grid, whose blocks from
+// p.split_first on take kBwdSplitParts launch-order blocks each). n0 >= len_k: nothing (a key tile
+// past a shorter varlen sequence, or a block past the grid's last part); the kernel returns.
 template <int BN, int BM>
 __device__ __forceinline__ BwdSm90Block<BN, BM> bwd_sm90_block(const BwdParams& p) {
   BwdSm90Block<BN, BM> blk;
-  const PairTile pt = grouped_block(p.tail_pairs);
+  const int64_t tiles = (p.seqlen_k + BN - 1) / BN, grid_blocks = int64_t(gridDim.x) * tiles;
+  const int64_t linear = bwd_split_item(p, blk.split, blk.part);
+  const PairTile pt =
+      linear < grid_blocks ? grouped_block_at(linear, gridDim.x, tiles, p.tail_pairs) : PairTile{0, int(tiles)};
   blk.b = pt.pair / p.num_heads_k;
   blk.hk = pt.pair % p.num_heads_k;
   blk.n0 = pt.tile * BN;
@@ -77,6 +102,14 @@ __device__ __forceinline__ BwdSm90Block<BN, BM> bwd_sm90_block(const BwdParams& 
   blk.count = i_hi > i_lo ? (i_hi + BM - 1) / BM - blk.first : 0;
   blk.head_ratio = p.head_ratio;
   blk.iters = blk.count * p.head_ratio;
+  blk.start = BwdStep{};
+  if (blk.part >= 0 && blk.count > 0) {
+    // A part's share of the steps, which run head-major over the query tiles as in a whole block.
+    const int t0 = blk.iters * blk.part / kBwdSplitParts, t1 = blk.iters * (blk.part + 1) / kBwdSplitParts;
+    blk.start = BwdStep{t0 % blk.count, t0 / blk.count};
+    blk.iters = t1 - t0;
+    if (blk.iters == 0) blk.count = 0;  // no step: zeros into the sum, as a block without query tiles
+  }
   return blk;
 }
 
@@ -109,9 +142,14 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, i
   const CUtensorMap tv = sm90::make_tensor_map<Elem>("v", p.v, p.head_dim_v, rows_k, p.num_heads_k, nb,
                                                      p.v_row_stride, p.v_head_stride, p.v_batch_stride, Cfg::kBlockN);
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  const dim3 grid(p.num_heads_k * p.batch, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  // (pairs, tiles) blocks, of which those from p.split_first on take kBwdSplitParts each: the grid
+  // is x = pairs wide and as many rows of them tall as that needs (bwd_sm90_block()).
+  const int64_t pairs = int64_t(p.num_heads_k) * p.batch, tiles = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t blocks =
+      p.split_first < pairs * tiles ? p.split_first + kBwdSplitParts * (pairs * tiles - p.split_first) : pairs * tiles;
+  const dim3 grid(unsigned(pairs), unsigned((blocks + pairs - 1) / pairs));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      with_block_order(p, grid.x, grid.y, multiprocessor_count()), tq, tk, tv, tdo);
+      with_block_order(p, pairs, tiles, multiprocessor_count()), tq, tk, tv, tdo);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

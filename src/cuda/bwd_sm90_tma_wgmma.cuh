@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_load_tile<kPanels, BN>(sV, &tmap_v, kv_full, int(k_start) + n0, hk, tma_batch);
       int s = 0;
       uint32_t phase = 0;
-      BwdStep step;
+      BwdStep step = blk.start;
       for (int t = 0; t < iters; ++t, step = blk.next(step)) {
         const int h = blk.head_of(step), m0 = blk.m0_of(step);
         mbar_wait(empty(s), phase ^ 1);
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // The first tile's statistics are requested before the wait for K and V, so that the two
       // latencies overlap instead of adding up at every block's start.
       float first_stat[kStatPerThread];
-      load_stats(0, BwdStep{}, first_stat);
+      load_stats(0, blk.start, first_stat);
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
         zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       named_barrier_sync(2 + cw, 128);
       int s = 0;
       uint32_t phase = 0;
-      BwdStep step;
+      BwdStep step = blk.start;
       for (int t = 0; t < iters; ++t) {
         const int h = blk.head_of(step), m0 = blk.m0_of(step);
         const BwdStep next = blk.next(step);
@@ -384,6 +384,66 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
     }
+    // A split block's part (BwdParams::split_first): the parts' dK and dV (fp32, unscaled) are
+    // summed in the warp's slot of split_ws in the order in which the parts end, per warp, so that
+    // no barrier spans blocks (its 16 key rows and each lane's fragment of them are the same in
+    // every part). The warp's ticket says its turn: the first stores its sums into the slot; each
+    // later one waits for its predecessor's flag and adds its own into the slot (reductions at L2);
+    // all but the last then release the next flag and leave the rows to the last, which loads the
+    // slot back as its dK and dV. Only parts past their last step hold tickets, so a part waits for
+    // stores already under way, never for a part yet to run. Each lane's D / 2 + D / 2 floats go as
+    // float4 columns of the slot, lane-fastest. (The last part adding the slot to its registers
+    // instead held the loads beside dK and dV: ptxas spilled 96-240 bytes.) The tickets and flags
+    // were zeroed by this backward's preprocess.
+    bool write_rows = true;
+    int split, part;
+    bwd_split_item(p, split, part);
+    if (part >= 0) {
+      constexpr int kVec = D / 4;  // float4 per lane: dK's D / 8, then dV's
+      const int slot = (split * 2 + cw) * 4 + warp;
+      int* const sync = p.split_sync + 4 * slot;  // ticket, then the flag of each later turn
+      float4* const ws = reinterpret_cast<float4*>(p.split_ws) + int64_t(slot) * kVec * 32 + lane;
+      int ticket = 0;
+      if (lane == 0) ticket = atomicAdd(sync, 1);
+      ticket = __shfl_sync(0xffffffffu, ticket, 0);
+      if (ticket > 0)
+        while (ld_acquire_gpu(sync + ticket) == 0) {
+        }
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c) {
+        const float4 k4 = make_float4(dk[4 * c], dk[4 * c + 1], dk[4 * c + 2], dk[4 * c + 3]);
+        const float4 v4 = make_float4(dv[4 * c], dv[4 * c + 1], dv[4 * c + 2], dv[4 * c + 3]);
+        if (ticket == 0) {
+          __stcg(ws + 32 * c, k4);
+          __stcg(ws + 32 * (D / 8 + c), v4);
+        } else {
+          atomicAdd(ws + 32 * c, k4);
+          atomicAdd(ws + 32 * (D / 8 + c), v4);
+        }
+      }
+      if (ticket < kBwdSplitParts - 1) {
+        __threadfence();  // each lane's stores, then the flag (the CUDA guide's last-block pattern)
+        __syncwarp();
+        if (lane == 0) st_release_gpu(sync + 1 + ticket, 1);
+        write_rows = false;
+      } else {
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+          const float4 k4 = __ldcg(ws + 32 * c), v4 = __ldcg(ws + 32 * (D / 8 + c));
+          dk[4 * c] = k4.x;
+          dk[4 * c + 1] = k4.y;
+          dk[4 * c + 2] = k4.z;
+          dk[4 * c + 3] = k4.w;
+          dv[4 * c] = v4.x;
+          dv[4 * c + 1] = v4.y;
+          dv[4 * c + 2] = v4.z;
+          dv[4 * c + 3] = v4.w;
+        }
+      }
+    }
+    // Which warps' rows this consumer writes (all but a split block's parts that left theirs).
+    __shared__ int warp_writes[8];
+    if (lane == 0) warp_writes[cw * 4 + warp] = write_rows;
     // Epilogue: dK = scale · dK and dV through shared memory, so that the global stores are whole
     // 16-byte chunks of a row (stores straight from the accumulators wrote 4 bytes per lane and
     // half of every 32-byte sector: ncu, perf-notes). Each consumer stages its 64 key rows in its
@@ -400,6 +460,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         *reinterpret_cast<uint32_t*>(gptr(sV + off)) = pack2<Elem>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
       }
     named_barrier_sync(2 + cw, 128);
+    const int writers = warp_writes[cw * 4] | warp_writes[cw * 4 + 1] << 1 | warp_writes[cw * 4 + 2] << 2 |
+                        warp_writes[cw * 4 + 3] << 3;
     Storage* dk_ptr = static_cast<Storage*>(p.dk) + b * p.dk_batch_stride + (k_start + n0) * p.dk_row_stride +
                       hk * p.dk_head_stride;
     Storage* dv_ptr = static_cast<Storage*>(p.dv) + b * p.dv_batch_stride + (k_start + n0) * p.dv_row_stride +
@@ -408,6 +470,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = tid; i < 64 * (D / 8); i += 128) {
       const int row = cw * 64 + i / (D / 8), c8 = i % (D / 8);
       if (row >= len_k - n0) break;  // i grows with the row
+      if (!((writers >> (row % 64 / 16)) & 1)) continue;
       // swizzled_chunk<BN>(row, c8) in / and %: c8 is not known to be >= 0 here, and the helper's
       // shifts compile to different SASS than the version of this loop that ran on the H200.
       const uint32_t off = (c8 / 8) * BN * 128 + row * 128 + ((((c8 % 8) ^ row) & 7) << 4);

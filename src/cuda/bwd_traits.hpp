@@ -55,7 +55,19 @@ struct BwdParams {
   // over the banks when the block is written to shared memory).
   int dq_accum_cols;
   int tail_pairs;  // (batch, head) pairs taken tile-major at the end of the grid (grouped_block())
+  // The split tail (bwd_sm90_tma_wgmma.cuh; grid_order.hpp bwd_split_tail_blocks): blocks from
+  // split_first on in grouped_block() order run as kBwdSplitParts launch-order blocks each, one per
+  // share of the block's query steps; the parts sum their fp32 dK / dV in split_ws, and the last
+  // to end writes dk and dv. split_sync: per consumer warp a ticket and one flag per later part
+  // (split_sync_ints ints, zeroed by the preprocess). split_first at or past the grid's blocks: no
+  // split (split_ws, split_sync nullptr).
+  int64_t split_first;
+  float* split_ws;
+  int* split_sync;
+  int64_t split_sync_ints;
 };
+
+inline constexpr int kBwdSplitParts = 3;
 
 // p as a backward kernel of a (pairs, tiles) grid on `sms` SMs takes it: tail_pairs set by
 // bwd_tail_pairs(), whose tail group only a mask (causal or a window) calls for.

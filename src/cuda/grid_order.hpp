@@ -73,6 +73,24 @@ inline int fwd_tail_pairs(int64_t pairs, int64_t tiles, int sms, bool masked) {
   return two_wave_tail_pairs(pairs, tiles, sms);
 }
 
+// The unmasked backward's last partial wave, split along the query steps. Without a mask or varlen
+// lengths every block of the dK/dV grid costs the same, one block runs per SM, and `blocks` of them
+// on `sms` SMs (blocks = q · sms + r) take q + 1 waves where the work is q + r / sms: at the FA-2
+// paper's shapes with head_dim 128, 2048 key blocks on 132 SMs are 15.52 waves of work in 16. The
+// last r blocks instead run as `parts` blocks apiece, each a 1 / parts share of the block's query
+// steps (their dK / dV summed by the last to end, bwd_sm90_tma_wgmma.cuh): parts · r of them on sms
+// SMs end after q + 2 / parts waves when parts · r <= (parts − 1) · sms (r = 68: 204). Returns the
+// number of blocks to split (the last ones in launch order), 0 for none: not for a grid of one wave
+// or of whole waves, not where the parts would need a third wave of their own, and not for fewer
+// than 4 steps per part, where a part's fixed cost (K and V, the first step's products, the
+// epilogue and the sum) outweighs the share of a wave it saves.
+inline int64_t bwd_split_tail_blocks(int64_t blocks, int sms, int64_t steps, int parts) {
+  if (parts < 2 || sms < 1 || blocks <= sms || steps < 4 * int64_t(parts)) return 0;
+  const int64_t r = blocks % sms;
+  if (r == 0 || parts * r > (parts - 1) * int64_t(sms)) return 0;
+  return r;
+}
+
 // n / d for 0 <= n < 2^31 and a fixed d >= 1 by a multiply-high and a shift (Granlund and
 // Montgomery 1994, Sec. 4: m = ceil(2^(31 + l) / d) with l = ceil(log2 d) is exact for 31-bit n).
 // The persistent forward splits a tile index into (batch, head, query block) at every tile, and

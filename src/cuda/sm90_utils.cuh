@@ -140,6 +140,16 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// A flag between blocks (the backward's split tail): release store and acquire load at GPU scope.
+__device__ __forceinline__ void st_release_gpu(int* ptr, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(ptr), "r"(value) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
 // Orders this thread's ordinary shared-memory writes before later async-proxy (wgmma, TMA) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

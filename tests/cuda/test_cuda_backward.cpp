@@ -99,6 +99,14 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 150, 200, 2, 1, 128);
       c.head_dim_v = 64;
       add(c);
+      if (dt == DType::bf16) {
+        // The Hopper dK/dV kernel's split tail at its own threshold on a 132-SM H200
+        // (grid_order.hpp bwd_split_tail_blocks): 17 heads x 9 key blocks are 153 blocks, and the
+        // last 21 run as three parts of their 13 query steps, summed by the last part of each
+        // warp's rows; the last key block holds 6 keys. (Other GPUs split elsewhere or not at all;
+        // the backward suite runs again with FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)
+        add(base(dt, 1, 800, 1030, 17, 17, 128));
+      }
       // head_dim bucket 256 (the Hopper kernel whose consumers split the head dimension and pass
       // Pᵀ / dSᵀ through shared memory): many query tiles per 64-key tile with GQA and a causal
       // mask, a window with softcap at head_dim 192, varlen tiles that cross sequence ends (also

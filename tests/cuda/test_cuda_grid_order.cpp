@@ -117,6 +117,23 @@ TEST(CudaGridOrder, CausalBalance) {
 // The forward's tile split (FastDiv, grid_order.hpp): n / d by multiply-high and shift equals the
 // integer division for every 31-bit n, checked at the edges of each quotient and at random n for
 // divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
+// The backward's split tail: the last partial wave's blocks, where 3 parts apiece fit in two
+// thirds of a wave and each part keeps at least 4 steps.
+TEST(CudaGridOrder, BackwardSplitTailBlocks) {
+  // FA-2 paper shapes at head_dim 128 and Llama-3.1-8B: 2048 key blocks on 132 SMs, 15 waves and 68.
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 32, 3), 68);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 12, 3), 68);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 11, 3), 0);  // a part would get fewer than 4 steps
+  EXPECT_EQ(bwd_split_tail_blocks(2112, 132, 32, 3), 0);  // whole waves
+  EXPECT_EQ(bwd_split_tail_blocks(132, 132, 32, 3), 0);   // one wave
+  EXPECT_EQ(bwd_split_tail_blocks(100, 132, 32, 3), 0);
+  EXPECT_EQ(bwd_split_tail_blocks(132 + 88, 132, 32, 3), 88);  // 264 parts: two thirds of a wave
+  EXPECT_EQ(bwd_split_tail_blocks(132 + 89, 132, 32, 3), 0);   // 267: a third wave of parts
+  EXPECT_EQ(bwd_split_tail_blocks(153, 132, 13, 3), 21);       // test_cuda_backward's own-threshold case
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 0, 32, 3), 0);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 32, 1), 0);
+}
+
 TEST(CudaGridOrder, FastDivMatchesDivision) {
   std::mt19937_64 rng(std::random_device{}());
   std::vector<int> divisors;
