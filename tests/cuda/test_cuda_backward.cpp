@@ -102,10 +102,11 @@ std::vector<BwdCase> backward_cases() {
       if (dt == DType::bf16) {
         // The Hopper dK/dV kernel's split tail at its own threshold on a 132-SM H200
         // (grid_order.hpp bwd_split_tail_blocks): 17 heads x 9 key blocks are 153 blocks, and the
-        // last 21 run as three parts of their 13 query steps, summed by the last part of each
-        // warp's rows; the last key block holds 6 keys. (Other GPUs split elsewhere or not at all;
-        // the backward suite runs again with FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)
-        add(base(dt, 1, 800, 1030, 17, 17, 128));
+        // last 21 run as three parts of their 33 query steps (the last one partial), summed by
+        // the last part of each warp's rows; the last key block holds 6 keys. (Other GPUs split
+        // elsewhere or not at all; the backward suite runs again with
+        // FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)
+        add(base(dt, 1, 2050, 1030, 17, 17, 128));
       }
       // head_dim bucket 256 (the Hopper kernel whose consumers split the head dimension and pass
       // Pᵀ / dSᵀ through shared memory): many query tiles per 64-key tile with GQA and a causal

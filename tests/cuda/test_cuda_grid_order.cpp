@@ -118,20 +118,20 @@ TEST(CudaGridOrder, CausalBalance) {
 // integer division for every 31-bit n, checked at the edges of each quotient and at random n for
 // divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
 // The backward's split tail: the last partial wave's blocks, where 3 parts apiece fit in two
-// thirds of a wave and each part keeps at least 4 steps.
+// thirds of a wave and each block has at least 2048 query rows.
 TEST(CudaGridOrder, BackwardSplitTailBlocks) {
   // FA-2 paper shapes at head_dim 128 and Llama-3.1-8B: 2048 key blocks on 132 SMs, 15 waves and 68.
-  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 32, 3), 68);
-  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 12, 3), 68);
-  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 11, 3), 0);  // a part would get fewer than 4 steps
-  EXPECT_EQ(bwd_split_tail_blocks(2112, 132, 32, 3), 0);  // whole waves
-  EXPECT_EQ(bwd_split_tail_blocks(132, 132, 32, 3), 0);   // one wave
-  EXPECT_EQ(bwd_split_tail_blocks(100, 132, 32, 3), 0);
-  EXPECT_EQ(bwd_split_tail_blocks(132 + 88, 132, 32, 3), 88);  // 264 parts: two thirds of a wave
-  EXPECT_EQ(bwd_split_tail_blocks(132 + 89, 132, 32, 3), 0);   // 267: a third wave of parts
-  EXPECT_EQ(bwd_split_tail_blocks(153, 132, 13, 3), 21);       // test_cuda_backward's own-threshold case
-  EXPECT_EQ(bwd_split_tail_blocks(2048, 0, 32, 3), 0);
-  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 32, 1), 0);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 2048, 3), 68);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 16384, 3), 68);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 1024, 3), 0);  // seqlen 1024: parts too short to pay
+  EXPECT_EQ(bwd_split_tail_blocks(2112, 132, 2048, 3), 0);  // whole waves
+  EXPECT_EQ(bwd_split_tail_blocks(132, 132, 2048, 3), 0);   // one wave
+  EXPECT_EQ(bwd_split_tail_blocks(100, 132, 2048, 3), 0);
+  EXPECT_EQ(bwd_split_tail_blocks(132 + 88, 132, 2048, 3), 88);  // 264 parts: two thirds of a wave
+  EXPECT_EQ(bwd_split_tail_blocks(132 + 89, 132, 2048, 3), 0);   // 267: a third wave of parts
+  EXPECT_EQ(bwd_split_tail_blocks(153, 132, 2112, 3), 21);       // test_cuda_backward's own-threshold case
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 0, 2048, 3), 0);
+  EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 2048, 1), 0);
 }
 
 TEST(CudaGridOrder, FastDivMatchesDivision) {
