@@ -217,6 +217,13 @@ if [[ $what == *sanitize* ]]; then
     sanitize_with $tool "$tool (short tile)" "${filter_short%:}" \
       FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   done
+  # And on backward cases with the Hopper kernel's split tail forced on every block (the parts'
+  # tickets, flags, L2 sums; causal, varlen and softcap + ALiBi among them).
+  split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')
+  filter_split=$(printf '*CudaBackward.*/%s:' "${split_cases[@]}")
+  for tool in memcheck racecheck synccheck; do
+    sanitize_with $tool "$tool (backward split tail)" "${filter_split%:}" FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
+  done
 fi
 
 if [[ $what == *python* ]]; then
