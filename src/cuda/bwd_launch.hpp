@@ -13,7 +13,8 @@ namespace flashattn::cuda {
 //      at most 256; strides multiples of 8 elements, 16-byte aligned bases; batched or varlen; GQA;
 //      masks, softcap and ALiBi as in params.hpp.
 //   p.deterministic: no atomics anywhere; dq comes from a second kernel parallel over query tiles,
-//      so the result is bitwise repeatable. Otherwise dq is accumulated with fp32 atomics (faster).
+//      so the result is bitwise repeatable. Otherwise dq is accumulated with fp32 atomics (faster),
+//      and so are dk and dv of the Hopper kernel's split-tail blocks (bwd_split_tail_blocks()).
 // Working memory (fp32 D = rowsum(dout ∘ out), lse·log2(e), and the dq accumulator) is taken with
 // cudaMallocAsync on the stream and released on it. Throws flashattn::Error with CUDA's message when
 // an allocation or a launch fails, or when the device lacks the shared memory a kernel needs.

@@ -278,7 +278,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
     const int block_n = BwdSm90Config<128>::kBlockN;
     const int block_m = bucket <= 64 ? BwdSm90Config<64>::kBlockM : BwdSm90Config<128>::kBlockM;
     const int64_t tiles = (bp.seqlen_k + block_n - 1) / block_n, blocks = pairs * tiles;
-    const bool uniform = p.cu_seqlens_q == nullptr && bp.window_size_left < 0 && bp.window_size_right < 0;
+    const bool uniform = bp.cu_seqlens_q == nullptr && bp.window_size_left < 0 && bp.window_size_right < 0;
     const int64_t rows = static_cast<int64_t>((bp.seqlen_q + block_m - 1) / block_m) * block_m * bp.head_ratio;
     split_blocks = env_is("FLASHATTN_CUDA_BWD_SPLIT_TAIL", "1") ? blocks
                    : uniform ? bwd_split_tail_blocks(blocks, multiprocessor_count(), rows, kBwdSplitParts)

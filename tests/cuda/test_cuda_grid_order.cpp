@@ -114,9 +114,6 @@ TEST(CudaGridOrder, CausalBalance) {
   EXPECT_GT(causal_makespan_over_mean(8, 64, 4, two_wave_tail_pairs(8, 64, 132)), 1.04);
 }
 
-// The forward's tile split (FastDiv, grid_order.hpp): n / d by multiply-high and shift equals the
-// integer division for every 31-bit n, checked at the edges of each quotient and at random n for
-// divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
 // The backward's split tail: the last partial wave's blocks, where 3 parts apiece fit in two
 // thirds of a wave and each block has at least 2048 query rows.
 TEST(CudaGridOrder, BackwardSplitTailBlocks) {
@@ -134,6 +131,9 @@ TEST(CudaGridOrder, BackwardSplitTailBlocks) {
   EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 2048, 1), 0);
 }
 
+// The forward's tile split (FastDiv, grid_order.hpp): n / d by multiply-high and shift equals the
+// integer division for every 31-bit n, checked at the edges of each quotient and at random n for
+// divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
 TEST(CudaGridOrder, FastDivMatchesDivision) {
   std::mt19937_64 rng(std::random_device{}());
   std::vector<int> divisors;
