@@ -3,7 +3,9 @@
 // FA-2's Alg. 2, as in the sm80 kernel, which stays for the deterministic mode; head_dim 256 runs
 // bwd_sm90_dsplit.cuh).
 //
-// One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups:
+// One block per (key tile of block_n = 128 keys, KV head, batch), three warpgroups; the last
+// partial wave of an unmasked grid runs as three blocks per key tile instead, each a third of its
+// query steps, whose dK / dV are summed before the epilogue (the split tail, below):
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile
 //     that sees the block's keys and every query head of the GQA group, Q and dO into kStages
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
@@ -14,7 +16,8 @@
 //       dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
 //       dV += Pᵀ dO, dK += dSᵀ Q                   wgmma with Pᵀ / dSᵀ from registers
 //       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
-//                                                  the fp32 tile goes out as one bulk reduce-add
+//                                                  the fp32 tile goes out as bulk reduce-adds,
+//                                                  one per warp for its own 16 rows
 //     issued in the order dV, dQ, dK, so that dQ's staging runs while dK's product does;
 //     dK = scale · dK at the end.
 //     The consumers issue their products in a fixed order each step (consumer 0 first: named
