@@ -13,7 +13,11 @@
 #                                   library and with each REV's, one after the other in one process
 #                                   group. A pack whose tests fail or time out (AB_TEST_TIMEOUT
 #                                   seconds, default 300; lower it for a change that might hang)
-#                                   gets no racecheck and no bench.
+#                                   gets no racecheck and no bench. With AB_OURS_ENV=LABEL=VAR=VALUE
+#                                   (a switch the REV reads at every call) each side's bench also
+#                                   times ours under that switch in the same process (as
+#                                   ours_LABEL), the fairer comparison where a kernel's schedule
+#                                   moves between builds; AB_ROUNDS (default 3) rounds per shape.
 # Logs go to $OUT; the benches' tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,7 +107,7 @@ for side in "${sides[@]}"; do
   lib=${libs[$side]}
   FLASHATTN_LIBRARY=$lib PYTHONPATH=$PWD/python timeout 200 python3 bench/gpu/bench_attention.py --out "$OUT/bench_$side" \
     --shapes "${AB_SHAPES:-fa2paper_d64}" --dtypes bfloat16 --peers fa2 --flex-seqlens '' --rep-ms 40 \
-    > "$OUT/bench_$side.log" 2>&1
+    --rounds "${AB_ROUNDS:-3}" ${AB_OURS_ENV:+--ours-env "$AB_OURS_ENV"} > "$OUT/bench_$side.log" 2>&1
   # The device returns at most 8 files per call and the logs carry the numbers (bench_SIDE.log:
   # TFLOP/s per point), so the bench's json, table and plot stay behind.
   rm -rf "$OUT/bench_$side"
