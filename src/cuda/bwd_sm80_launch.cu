@@ -65,27 +65,22 @@ __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
 
 // D_i = Σ_d dout_id · out_id (FA-2 Alg. 2 line 4) in fp32, and lse·log2(e) with −inf (a row that
 // sees no key) turned into +inf so that the main kernels get P = exp2(s − (+inf)) = 0, never NaN.
-// Also clears the dq accumulator (the atomic / bulk-reduce target of the main kernel), which saves
-// a cudaMemsetAsync call and its kernel per backward.
+// Also clears the dq accumulator (the atomic / bulk-reduce target of the main kernel) and the split
+// tail's tickets, which saves a cudaMemsetAsync call and its kernel per backward.
 template <typename Elem, int kTpr>
 __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
+  // Flat grid-stride sweeps over the dq accumulator (whatever its tile layout: 16-byte aligned, a
+  // multiple of 8 floats per row) and the Hopper kernel's split-tail tickets and flags.
+  const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
+  const int64_t first = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x;
   if (p.dq_accum != nullptr) {
-    // A flat grid-stride sweep over the whole buffer, whatever its tile layout (16-byte aligned,
-    // a multiple of 8 floats per row).
     const int64_t n4 = static_cast<int64_t>(p.batch) * p.num_heads * p.stat_rows * dq_accum_row_floats(p) / 4;
-    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
     float4* acc = reinterpret_cast<float4*>(p.dq_accum);
-    for (int64_t x = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x; x < n4;
-         x += nthreads)
-      acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t x = first; x < n4; x += nthreads) acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (p.split_sync != nullptr) {  // the Hopper kernel's split-tail tickets and flags
-    const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
-    for (int64_t x = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRowThreads + threadIdx.x;
-         x < p.split_sync_ints; x += nthreads)
-      p.split_sync[x] = 0;
-  }
+  if (p.split_sync != nullptr)
+    for (int64_t x = first; x < p.split_sync_ints; x += nthreads) p.split_sync[x] = 0;
   const RowUnit<kTpr> r = row_unit<kTpr>(p);
   const int b = blockIdx.y;
   float acc = 0.f;
