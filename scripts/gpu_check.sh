@@ -202,6 +202,12 @@ if [[ $what == *sanitize* ]]; then
     { echo "===== $label $* (rc=$rc)"; cat "$OUT/sanitize_one.log"; } >> "$OUT/sanitize.log"
     rm -f "$OUT/sanitize_one.log"
   }
+  # memcheck, racecheck and synccheck over a filter under a testing switch: LABEL FILTER env...
+  sanitize_three() {
+    local label=$1 filter=$2 tool
+    shift 2
+    for tool in memcheck racecheck synccheck; do sanitize_with $tool "$tool ($label)" "$filter" "$@"; done
+  }
   # memcheck and racecheck run with 3 persistent forward blocks, so that these small shapes go
   # through several tiles per block (the static and the atomic-counter schedules); initcheck and
   # synccheck with the defaults.
@@ -213,17 +219,12 @@ if [[ $what == *sanitize* ]]; then
   short_cases=(bf16_b1_sq600_sk600_h2k2_d64_win100_20BR bf16_b2_sq203_sk113_h2k2_d64_causalBR
                bf16_b1_sq130_sk77_h4k1_d64 bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d64_win16_8BR)
   filter_short=$(printf '*CudaForward.*/%s:' "${short_cases[@]}")
-  for tool in memcheck racecheck synccheck; do
-    sanitize_with $tool "$tool (short tile)" "${filter_short%:}" \
-      FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
-  done
+  sanitize_three "short tile" "${filter_short%:}" FLASHATTN_CUDA_FWD_SHORT_TILE=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   # And on backward cases with the Hopper kernel's split tail forced on every block (the parts'
   # tickets, flags, L2 sums; causal, varlen and softcap + ALiBi among them).
   split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')
   filter_split=$(printf '*CudaBackward.*/%s:' "${split_cases[@]}")
-  for tool in memcheck racecheck synccheck; do
-    sanitize_with $tool "$tool (backward split tail)" "${filter_split%:}" FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
-  done
+  sanitize_three "backward split tail" "${filter_split%:}" FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
 fi
 
 if [[ $what == *python* ]]; then
