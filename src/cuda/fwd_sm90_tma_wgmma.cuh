@@ -163,10 +163,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     fence_barrier_init();
   }
-  // Launched with programmatic dependent launch (launch_fwd_sm90_config): the grid ahead in the
-  // stream may still run, so nothing global (inputs, the tile counter, out) is touched before it
-  // has completed; what overlaps it is this block's start and the barriers' set-up.
-  griddep_wait();
   __syncthreads();
 
   if (threadIdx.x < 128) {
@@ -864,9 +860,10 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   const int64_t pairs = int64_t(p.num_heads) * batch;
   const int tail = fwd_tail_pairs(pairs, num_m_blocks, int(std::min<int64_t>(blocks, multiprocessor_count())),
                                   p.window_size_left >= 0 || p.window_size_right >= 0);
-  launch_kernel(kernel, dim3(unsigned(blocks)), dim3(Cfg::kThreads), Cfg::kSmemBytes, cuda_stream, pdl_available(), p,
-                tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
-                persistent ? counter.ptr : nullptr);
+  kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
+      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
+      persistent ? counter.ptr : nullptr);
+  FA_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename Elem, int kHeadDim>
