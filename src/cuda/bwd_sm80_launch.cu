@@ -70,6 +70,9 @@ __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
 template <typename Elem, int kTpr>
 __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
+  // The dK/dV kernel behind this one may take an SM as soon as every block here has started
+  // (it waits for this grid's writes itself).
+  griddep_launch_dependents();
   // Flat grid-stride sweeps over the dq accumulator (whatever its tile layout: 16-byte aligned, a
   // multiple of 8 floats per row) and the Hopper kernel's split-tail tickets and flags.
   const int64_t nthreads = static_cast<int64_t>(gridDim.x) * gridDim.y * kRowThreads;
@@ -114,6 +117,7 @@ __global__ void __launch_bounds__(kRowThreads) bwd_preprocess_kernel(const __gri
 template <typename Elem, int kTpr>
 __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
+  griddep_wait();  // the dK/dV kernel's dq accumulator, when launched behind it (run_bwd_sm80)
   const RowUnit<kTpr> r = row_unit<kTpr>(p);
   if (!r.active || !r.valid) return;
   const int b = blockIdx.y;
@@ -313,15 +317,24 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
         bwd_preprocess_kernel<Elem, kTpr><<<row_grid, kRowThreads, 0, stream>>>(bp);
         FA_CUDA_CHECK(cudaGetLastError());
       }
+      // The Hopper dK/dV kernel (not the head_dim 256 one) starts behind the preprocess with
+      // programmatic dependent launch, and the postprocess behind it: each grid's blocks take the SMs
+      // its predecessor's last wave frees and run their set-up (and the dK/dV kernel its first K, V,
+      // Q and dO loads, which read only inputs) before griddep_wait(). Only there: those kernels are
+      // then built for sm_90a, where griddep_wait() is the instruction and not a no-op.
+      bool post_pdl = false;
       if (bp.seqlen_k > 0) {
         bool launched = false;
 #ifdef FLASHATTN_CUDA_BWD_SM90
         if constexpr (bwd_sm90_built<Elem>()) {
           if (use_sm90) {
-            if constexpr (bwd_sm90_dsplit_bucket(kHeadDim))
+            if constexpr (bwd_sm90_dsplit_bucket(kHeadDim)) {
               launch_bwd_sm90_dsplit<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
-            else
+            } else {
+              bp.pdl = row_grid.x > 0 && pdl_available();
               launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
+              post_pdl = bp.pdl && !p.deterministic;
+            }
             launched = true;
           }
         }
@@ -330,8 +343,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       }
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
       if (!p.deterministic && row_grid.x > 0) {
-        bwd_postprocess_kernel<Elem, kTpr><<<row_grid, kRowThreads, 0, stream>>>(bp);
-        FA_CUDA_CHECK(cudaGetLastError());
+        launch_kernel(bwd_postprocess_kernel<Elem, kTpr>, row_grid, dim3(kRowThreads), 0, stream, post_pdl, bp);
       }
     });
   });

@@ -148,9 +148,8 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, i
   const int64_t blocks =
       p.split_first < pairs * tiles ? p.split_first + kBwdSplitParts * (pairs * tiles - p.split_first) : pairs * tiles;
   const dim3 grid(unsigned(pairs), unsigned((blocks + pairs - 1) / pairs));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      with_block_order(p, pairs, tiles, multiprocessor_count()), tq, tk, tv, tdo);
-  FA_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, static_cast<cudaStream_t>(stream), p.pdl,
+                with_block_order(p, pairs, tiles, multiprocessor_count()), tq, tk, tv, tdo);
 }
 
 }  // namespace flashattn::cuda

@@ -91,6 +91,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto empty = [&](int s) { return bars + 8 * (1 + S + s); };
   auto gptr = [&](uint32_t a) { return smem + (a - base); };
 
+  // The postprocess behind this grid may take the SMs its last wave leaves free (it waits for
+  // this grid's dq accumulator itself).
+  griddep_launch_dependents();
   if (threadIdx.x == 0) {
     mbar_init(kv_full, 1);
     for (int s = 0; s < S; ++s) {
@@ -128,6 +131,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
     setmaxnreg_inc<kConsumerRegs>();
+    // Launched behind the preprocess (BwdParams::pdl): its statistics, zeroed dq accumulator and
+    // split tickets are complete and visible from here on. The producer's loads read only inputs.
+    griddep_wait();
     // Read from lane 0 so that the compiler knows it is warp-uniform and keeps what derives from it
     // (shared-memory addresses, wgmma descriptors) in uniform registers.
     const int cw = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;  // keys cw*64 .. cw*64+63 of the block

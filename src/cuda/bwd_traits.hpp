@@ -65,6 +65,10 @@ struct BwdParams {
   float* split_ws;
   int* split_sync;
   int64_t split_sync_ints;
+  // Host side: launch the Hopper dK/dV kernel with programmatic dependent launch behind the
+  // preprocess (launch_kernel(), cuda_check.hpp); the kernel's consumers wait for the preprocess's
+  // statistics and zeroed accumulators with griddep_wait(), its producer does not.
+  bool pdl;
 };
 
 inline constexpr int kBwdSplitParts = 3;

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "flashattn/flashattn.hpp"
 
@@ -76,6 +77,42 @@ inline int multiprocessor_count() {
   FA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
   counts[device] = n;
   return n;
+}
+
+// Whether kernels may be launched with programmatic dependent launch on the current device: compute
+// capability 9.0 or later, unless FLASHATTN_CUDA_PDL=0 (read at every call, so that a benchmark can
+// time both in one process). A kernel launched with it must call griddep_wait() (kernel_utils.cuh)
+// before touching what the grid ahead of it reads or writes.
+inline bool pdl_available() {
+  if (env_is("FLASHATTN_CUDA_PDL", "0")) return false;
+  static std::mutex mu;
+  static std::map<int, bool> ok;
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = ok.find(device);
+  if (it != ok.end()) return it->second;
+  int major = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return ok[device] = major >= 9;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic stream-serialization
+// attribute when `pdl` (see pdl_available()); launch errors become flashattn::Error.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                   Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Working memory taken with cudaMallocAsync on a stream: freed on the stream on every exit path

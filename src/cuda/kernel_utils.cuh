@@ -27,6 +27,26 @@ namespace flashattn::cuda {
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kMaxSoftmaxScale = FLT_MAX / kLog2e;
 
+// Programmatic dependent launch (CUDA programming guide, "Programmatic Dependent Launch and
+// Synchronization"; PTX `griddepcontrol`, sm_90+). A grid launched with the programmatic
+// stream-serialization attribute (launch_kernel(), cuda_check.hpp) may start its blocks before the
+// grid ahead of it in the stream has finished: griddep_wait() blocks until that grid has completed
+// and its writes are visible, so it must come before every read of what that grid writes and every
+// write of what it reads. griddep_launch_dependents() lets the next such grid start its blocks once
+// every block of this one has issued it or exited (the next grid's blocks then take the SMs this
+// grid's last wave leaves free). Both are no-ops in a grid launched without the attribute and
+// compile to nothing before sm_90.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
 // Element type tags: f16 and bf16 differ only in the mma opcode and the packing conversion.
 struct F16 {
   using Storage = __half;
