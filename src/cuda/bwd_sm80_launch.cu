@@ -333,7 +333,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
             } else {
               bp.pdl = row_grid.x > 0 && pdl_available();
               launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
-              post_pdl = bp.pdl && !p.deterministic;
+              post_pdl = bp.pdl;
             }
             launched = true;
           }

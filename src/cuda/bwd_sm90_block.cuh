@@ -128,9 +128,12 @@ __device__ __forceinline__ void zero_tile_rows(uint8_t* tile, int rows, int vali
 // Launches a Hopper backward kernel of config Cfg (kBlockM, kBlockN, kThreads, kSmemBytes): the
 // four TMA maps (q and dout in boxes of block_m rows, k and v of block_n, 64 columns each; rows_q
 // / rows_k are the tensors' rows, the packed totals when varlen) and one block per (batch · KV
-// head, key tile), taken in grouped_block() order.
+// head, key tile), taken in grouped_block() order; by programmatic dependent launch when `pdl`
+// (only a kernel that calls griddep_wait() on every path before it touches the preprocess's
+// workspace).
 template <typename Elem, typename Cfg, typename Kernel>
-void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
+void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream,
+                            bool pdl) {
   const int64_t nb = p.cu_seqlens_q != nullptr ? 1 : p.batch;
   const CUtensorMap tq = sm90::make_tensor_map<Elem>("q", p.q, p.head_dim, rows_q, p.num_heads, nb, p.q_row_stride,
                                                      p.q_head_stride, p.q_batch_stride, Cfg::kBlockM);
@@ -148,7 +151,7 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, i
   const int64_t blocks =
       p.split_first < pairs * tiles ? p.split_first + kBwdSplitParts * (pairs * tiles - p.split_first) : pairs * tiles;
   const dim3 grid(unsigned(pairs), unsigned((blocks + pairs - 1) / pairs));
-  launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, static_cast<cudaStream_t>(stream), p.pdl,
+  launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, static_cast<cudaStream_t>(stream), pdl,
                 with_block_order(p, pairs, tiles, multiprocessor_count()), tq, tk, tv, tdo);
 }
 

@@ -423,7 +423,8 @@ void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, 
   const int64_t blocks = int64_t(p.batch) * p.num_heads_k * ((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   if (p.split_first < blocks)
     throw Error("backward: internal error, a split tail was asked of the head_dim 256 Hopper kernel, which has none");
-  launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_dsplit_kernel<Elem, Cfg>, p, rows_q, rows_k, stream);
+  // (Never by programmatic dependent launch: this kernel has no griddep_wait().)
+  launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_dsplit_kernel<Elem, Cfg>, p, rows_q, rows_k, stream, false);
 }
 
 }  // namespace flashattn::cuda

@@ -66,7 +66,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 
   const BwdSm90Block<BN, BM> blk = bwd_sm90_block<BN, BM>(p);
-  if (blk.n0 >= blk.len_k) return;
+  // A block past its sequence's keys still waits for the preprocess (BwdParams::pdl) before it
+  // exits: were every block to exit without waiting (varlen lengths all 0 in a captured graph's
+  // replay), this grid could complete before the preprocess, and the postprocess, which waits only
+  // for this grid, would read a dq accumulator not yet zeroed.
+  if (blk.n0 >= blk.len_k) {
+    griddep_wait();
+    return;
+  }
   const int b = blk.b, hk = blk.hk, n0 = blk.n0;
   const int64_t q_start = blk.q_start, k_start = blk.k_start;
   const int len_q = blk.len_q, len_k = blk.len_k;
@@ -499,7 +506,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   using Cfg = BwdSm90Config<kHeadDim>;
-  launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_kernel<Elem, Cfg>, p, rows_q, rows_k, stream);
+  launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_kernel<Elem, Cfg>, p, rows_q, rows_k, stream, p.pdl);
 }
 
 }  // namespace flashattn::cuda

@@ -65,9 +65,10 @@ struct BwdParams {
   float* split_ws;
   int* split_sync;
   int64_t split_sync_ints;
-  // Host side: launch the Hopper dK/dV kernel with programmatic dependent launch behind the
-  // preprocess (launch_kernel(), cuda_check.hpp); the kernel's consumers wait for the preprocess's
-  // statistics and zeroed accumulators with griddep_wait(), its producer does not.
+  // Host side: launch the Hopper dK/dV kernel (head_dim 64 / 128; never the head_dim 256 one) with
+  // programmatic dependent launch behind the preprocess (launch_kernel(), cuda_check.hpp); the
+  // kernel's consumers, and blocks without keys, wait for the preprocess's statistics and zeroed
+  // accumulators with griddep_wait(), its producer does not.
   bool pdl;
 };
 

@@ -64,19 +64,36 @@ inline int64_t env_count(const char* name) {
   return v != nullptr ? std::max<int64_t>(1, std::atoll(v)) : int64_t(0);
 }
 
-// The current device's multiprocessor count, read once per device (persistent grids are sized by it).
+// A value of the current device computed once per device (compute(device)), for attributes that do
+// not change while the process runs.
+template <typename T>
+class PerDevice {
+ public:
+  template <typename F>
+  T get(F&& compute) {
+    int device = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = values_.find(device);
+    if (it != values_.end()) return it->second;
+    return values_[device] = compute(device);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, T> values_;
+};
+
+inline int device_attribute(cudaDeviceAttr attr, int device) {
+  int v = 0;
+  FA_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
+  return v;
+}
+
+// The current device's multiprocessor count (persistent grids are sized by it).
 inline int multiprocessor_count() {
-  static std::mutex mu;
-  static std::map<int, int> counts;
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto it = counts.find(device);
-  if (it != counts.end()) return it->second;
-  int n = 0;
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  counts[device] = n;
-  return n;
+  static PerDevice<int> counts;
+  return counts.get([](int device) { return device_attribute(cudaDevAttrMultiProcessorCount, device); });
 }
 
 // Whether kernels may be launched with programmatic dependent launch on the current device: compute
@@ -85,16 +102,8 @@ inline int multiprocessor_count() {
 // before touching what the grid ahead of it reads or writes.
 inline bool pdl_available() {
   if (env_is("FLASHATTN_CUDA_PDL", "0")) return false;
-  static std::mutex mu;
-  static std::map<int, bool> ok;
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto it = ok.find(device);
-  if (it != ok.end()) return it->second;
-  int major = 0;
-  FA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return ok[device] = major >= 9;
+  static PerDevice<bool> ok;
+  return ok.get([](int device) { return device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9; });
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic stream-serialization

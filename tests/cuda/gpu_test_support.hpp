@@ -261,6 +261,42 @@ inline ProblemConfig multi_tile_varlen(DType dt, int64_t h, int64_t hk) {
 }
 
 // The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.
+// One call captured into a CUDA graph on a stream of its own (non-blocking, thread-local capture
+// mode), to be replayed: capture(fn) runs fn(stream) under capture and instantiates the graph;
+// replay() launches it after the device's earlier work and waits for it. Use with
+// ASSERT_NO_FATAL_FAILURE.
+class GraphCapture {
+ public:
+  GraphCapture() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~GraphCapture() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  GraphCapture(const GraphCapture&) = delete;
+  GraphCapture& operator=(const GraphCapture&) = delete;
+
+  template <typename F>
+  void capture(F&& fn) {
+    ASSERT_NE(stream_, nullptr);
+    FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    fn(stream_);
+    FLASHATTN_ASSERT_CUDA(cudaStreamEndCapture(stream_, &graph_));
+    FLASHATTN_ASSERT_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void replay() {
+    ASSERT_NE(exec_, nullptr);
+    FLASHATTN_ASSERT_CUDA(cudaDeviceSynchronize());
+    FLASHATTN_ASSERT_CUDA(cudaGraphLaunch(exec_, stream_));
+    FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 struct GpuProblem {
   GpuProblem(Problem& pr, GpuLayout layout) : problem(&pr) {
     q = DeviceTensor::copy_of(pr.q, layout);

@@ -475,28 +475,20 @@ TEST(CudaForwardMisc, VarlenUnderGraphCapture) {
   SCOPED_TRACE(seed_note(seed));
   Problem pr(c, seed);
   GpuProblem g(pr, GpuLayout::contiguous);
-  cudaStream_t stream;
-  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   AttentionParams a = g.params();
-  a.stream = stream;
   a.max_seqlen_q = 129;
   a.max_seqlen_k = 300;
-  cudaGraph_t graph;
-  FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  forward(a);
-  FLASHATTN_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  FLASHATTN_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  FLASHATTN_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  GraphCapture graph;
+  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t stream) {
+    a.stream = stream;
+    forward(a);
+  }));
+  ASSERT_NO_FATAL_FAILURE(graph.replay());
   const std::vector<double> out = g.out.to_dense();
   EXPECT_TRUE(g.out.all_written("out"));
   const DenseResults& ref = pr.reference(Precision::f64, false);
   const DenseResults& naive = pr.reference(Precision::input, false);
   EXPECT_TRUE(check_close("out", out, ref.out, naive.out, c.dtype));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // Element offsets past 2^31: batch 1 of every tensor starts 2^31 + 8 elements after batch 0, so
