@@ -228,6 +228,14 @@ TEST(CudaBackwardMisc, KernelChoice) {
   }
 }
 
+// backward(a) captured into `graph` on the graph's stream (use with ASSERT_NO_FATAL_FAILURE).
+void capture_backward(GraphCapture& graph, AttentionParams a) {
+  graph.capture([&](cudaStream_t stream) {
+    a.stream = stream;
+    backward(a);
+  });
+}
+
 // A backward captured into a CUDA graph and replayed twice: on sm_90 its three kernels
 // (preprocess, dK/dV, postprocess) follow each other by programmatic dependent launch, which a
 // graph keeps as programmatic edges; each replay (outputs poisoned before it) must match the
@@ -243,11 +251,7 @@ TEST(CudaBackwardMisc, UnderGraphCapture) {
   std::string why;
   if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
   GraphCapture graph;
-  AttentionParams a = g.params();
-  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t stream) {
-    a.stream = stream;
-    backward(a);
-  }));
+  ASSERT_NO_FATAL_FAILURE(capture_backward(graph, g.params()));
   for (int replay = 0; replay < 2; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     g.dq.poison();
@@ -275,14 +279,11 @@ TEST(CudaBackwardMisc, UnderGraphCaptureNoKeysAtReplay) {
   forward(g.params());
   std::string why;
   if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
-  GraphCapture graph;
   AttentionParams a = g.params();
   a.max_seqlen_q = 129;
   a.max_seqlen_k = 300;
-  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t stream) {
-    a.stream = stream;
-    backward(a);
-  }));
+  GraphCapture graph;
+  ASSERT_NO_FATAL_FAILURE(capture_backward(graph, a));
   g.cu_k.set({0, 0, 0});
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
