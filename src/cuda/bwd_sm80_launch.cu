@@ -283,7 +283,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
                    : uniform ? bwd_split_tail_blocks(blocks, multiprocessor_count(), rows, kBwdSplitParts)
                              : 0;
     // The grid's y dimension (rows of `pairs` blocks) stays within CUDA's 65535.
-    if ((blocks + (kBwdSplitParts - 1) * split_blocks + pairs - 1) / pairs > 65535) split_blocks = 0;
+    if ((bwd_launch_blocks(blocks, blocks - split_blocks) + pairs - 1) / pairs > 65535) split_blocks = 0;
     if (split_blocks > 0) bp.split_first = blocks - split_blocks;
   }
   const int64_t split_ws_count = split_blocks * 8 * 32 * bucket;
@@ -322,7 +322,6 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       // its predecessor's last wave frees and run their set-up (and the dK/dV kernel its first K, V,
       // Q and dO loads, which read only inputs) before griddep_wait(). Only there: those kernels are
       // then built for sm_90a, where griddep_wait() is the instruction and not a no-op.
-      bool post_pdl = false;
       if (bp.seqlen_k > 0) {
         bool launched = false;
 #ifdef FLASHATTN_CUDA_BWD_SM90
@@ -333,7 +332,6 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
             } else {
               bp.pdl = row_grid.x > 0 && pdl_available();
               launch_bwd_sm90<Elem, kHeadDim>(bp, p.rows_q, p.rows_k, stream);
-              post_pdl = bp.pdl;
             }
             launched = true;
           }
@@ -343,7 +341,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       }
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
       if (!p.deterministic && row_grid.x > 0) {
-        launch_kernel(bwd_postprocess_kernel<Elem, kTpr>, row_grid, dim3(kRowThreads), 0, stream, post_pdl, bp);
+        launch_kernel(bwd_postprocess_kernel<Elem, kTpr>, row_grid, dim3(kRowThreads), 0, stream, bp.pdl, bp);
       }
     });
   });

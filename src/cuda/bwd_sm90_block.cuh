@@ -148,8 +148,7 @@ void launch_bwd_sm90_kernel(Kernel kernel, const BwdParams& p, int64_t rows_q, i
   // (pairs, tiles) blocks, of which those from p.split_first on take kBwdSplitParts each: the grid
   // is x = pairs wide and as many rows of them tall as that needs (bwd_sm90_block()).
   const int64_t pairs = int64_t(p.num_heads_k) * p.batch, tiles = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int64_t blocks =
-      p.split_first < pairs * tiles ? p.split_first + kBwdSplitParts * (pairs * tiles - p.split_first) : pairs * tiles;
+  const int64_t blocks = bwd_launch_blocks(pairs * tiles, p.split_first);
   const dim3 grid(unsigned(pairs), unsigned((blocks + pairs - 1) / pairs));
   launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, static_cast<cudaStream_t>(stream), pdl,
                 with_block_order(p, pairs, tiles, multiprocessor_count()), tq, tk, tv, tdo);

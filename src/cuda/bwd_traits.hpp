@@ -68,11 +68,18 @@ struct BwdParams {
   // Host side: launch the Hopper dK/dV kernel (head_dim 64 / 128; never the head_dim 256 one) with
   // programmatic dependent launch behind the preprocess (launch_kernel(), cuda_check.hpp); the
   // kernel's consumers, and blocks without keys, wait for the preprocess's statistics and zeroed
-  // accumulators with griddep_wait(), its producer does not.
+  // accumulators with griddep_wait(), its producer does not; and the postprocess behind it the same
+  // way (it waits first).
   bool pdl;
 };
 
 inline constexpr int kBwdSplitParts = 3;
+
+// The launch-order blocks of a dK/dV grid of `blocks` (pair, key tile) blocks whose blocks from
+// split_first on run as kBwdSplitParts parts each (BwdParams::split_first).
+inline int64_t bwd_launch_blocks(int64_t blocks, int64_t split_first) {
+  return split_first < blocks ? split_first + kBwdSplitParts * (blocks - split_first) : blocks;
+}
 
 // p as a backward kernel of a (pairs, tiles) grid on `sms` SMs takes it: tail_pairs set by
 // bwd_tail_pairs(), whose tail group only a mask (causal or a window) calls for.

@@ -260,7 +260,6 @@ inline ProblemConfig multi_tile_varlen(DType dt, int64_t h, int64_t hk) {
   return c;
 }
 
-// The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.
 // One call captured into a CUDA graph on a stream of its own (non-blocking, thread-local capture
 // mode), to be replayed: capture(fn) runs fn(stream) under capture and instantiates the graph;
 // replay() launches it after the device's earlier work and waits for it. Use with
@@ -297,6 +296,7 @@ class GraphCapture {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.
 struct GpuProblem {
   GpuProblem(Problem& pr, GpuLayout layout) : problem(&pr) {
     q = DeviceTensor::copy_of(pr.q, layout);
