@@ -98,6 +98,14 @@ if [ "$mode" = build ]; then
         n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$sass")
         echo "== $(basename "$o"): $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$want" ] || echo " (WARNING: expected more than $want; ptxas hoisted the wait, see max_exp)")"
       fi
+      # The steady round's wgmma descriptors in uniform registers: R2UR moves in its product issue
+      # (from its WARPGROUP.ARRIVE to the first DEPBAR.LE gsb0, 0x1) mean ptxas computed them in
+      # ordinary registers; session 30's staggered forward lost 8-10 % that way (a TMA store inside
+      # the tile loop was enough), with nothing in ptxas -v to show it.
+      if [[ $o == */fwd_sm90_* ]]; then
+        n=$(awk '/WARPGROUP.ARRIVE/ {c = 0} /R2UR/ {c++} /DEPBAR.LE gsb0, 0x1/ {print c + 0; exit}' <<<"$sass")
+        echo "== $(basename "$o"): ${n:-?} R2UR in the steady round's product issue$([ "${n:-1}" -eq 0 ] || echo " (WARNING: expected 0; the descriptors left the uniform registers)")"
+      fi
     done > $DIST/sass_summary.txt
     cat $DIST/sass_summary.txt
   fi
