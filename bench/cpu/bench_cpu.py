@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU benchmark: flashattn's CPU backend and PyTorch's CPU scaled_dot_product_attention, same run.
 
-Runs `flashattn bench --json` over the issue's sweep (batch 1, 16 heads, head_dim 64 and 128,
+Runs `flashattn bench --json` over the CPU benchmark's sweep (batch 1, 16 heads, head_dim 64 and 128,
 seqlen 512..8192, causal and not, forward and backward, fp32 and bf16), then times
 torch.nn.functional.scaled_dot_product_attention on the same shapes with the same thread count,
 interleaved shape by shape (ours, then torch) so that load changes hit both alike.

@@ -42,7 +42,9 @@ _DTYPE_CODES = {
 _E4M3 = getattr(torch, "float8_e4m3fn", None)  # PyTorch >= 2.1
 if _E4M3 is not None:
     _DTYPE_CODES[_E4M3] = _capi.DTYPE_E4M3
-_ALIGN_CODES = {"bottom_right": _capi.ALIGN_BOTTOM_RIGHT, "top_left": _capi.ALIGN_TOP_LEFT}
+# (The CLI's spellings, with a hyphen, are accepted too.)
+_ALIGN_CODES = {"bottom_right": _capi.ALIGN_BOTTOM_RIGHT, "top_left": _capi.ALIGN_TOP_LEFT,
+                "bottom-right": _capi.ALIGN_BOTTOM_RIGHT, "top-left": _capi.ALIGN_TOP_LEFT}
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:

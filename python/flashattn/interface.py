@@ -40,7 +40,7 @@ from torch import Tensor
 from . import _ops
 from ._capi import FlashAttnError
 
-_ALIGNS = ("bottom_right", "top_left")
+_ALIGNS = ("bottom_right", "top_left", "bottom-right", "top-left")  # (the CLI spells them with a hyphen)
 
 
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
@@ -144,7 +144,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
         return_lse: also return the log-sum-exp (keyword-only extension).
         causal_align: "bottom_right" (flash-attn >= 2.1; the last query sees the last key) or
             "top_left" (PyTorch's is_causal; query i sees keys <= i). It places the diagonal for
-            window_size and alibi_slopes too, with or without causal. Keyword-only extension.
+            window_size and alibi_slopes too, with or without causal. Keyword-only extension; the
+            CLI's spellings "bottom-right" and "top-left" are accepted too.
         q_descale, k_descale, v_descale: FlashAttention-3's FP8 dequantization factors (Sec. 3.3),
             float8_e4m3fn inputs only: float32 tensors on q's device of shape (batch, num_heads_k)
             (any strides; query head h uses KV head h // (num_heads // num_heads_k)) or of one

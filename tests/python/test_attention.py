@@ -232,6 +232,17 @@ def test_lse_is_differentiable():
     assert out.requires_grad and lse.requires_grad
 
 
+def test_causal_align_accepts_the_cli_spelling():
+    q = rand((1, 9, 2, 16), torch.float32, "cpu")
+    k, v = (rand((1, 14, 2, 16), torch.float32, "cpu") for _ in range(2))
+    for underscore, hyphen in (("top_left", "top-left"), ("bottom_right", "bottom-right")):
+        a = flash_attn_func(q, k, v, causal=True, causal_align=underscore)
+        b = flash_attn_func(q, k, v, causal=True, causal_align=hyphen)
+        assert torch.equal(a, b), hyphen
+    assert not torch.equal(flash_attn_func(q, k, v, causal=True, causal_align="top-left"),
+                           flash_attn_func(q, k, v, causal=True))
+
+
 def test_default_returns_out_only():
     q, k, v = (rand((1, 8, 2, 16), torch.float32, "cpu") for _ in range(3))
     out = flash_attn_func(q, k, v)

@@ -151,6 +151,11 @@ def main():
             out = np.load(p("h_" + name + ".npy"))
             assert out.dtype == (np.float32 if name == "lse" else np.float16), out.dtype
             check("npy f16 top-left window softcap alibi", name, out, r, 1e-5 if name == "lse" else 2e-3)
+        # The Python package's spelling of the alignment gives the same call.
+        run(["--q", p("h_q.npy"), "--k", p("h_k.npy"), "--v", p("h_v.npy"), "--alibi", p("h_alibi.npy"),
+             "--causal", "--causal-align", "top_left", "--window", "6,-1", "--softcap", "8", "--scale", "0.3",
+             "--out", p("h_out_us.npy")])
+        assert np.array_equal(np.load(p("h_out_us.npy")), np.load(p("h_out.npy"))), "--causal-align top_left"
 
         # 3. .safetensors float32 varlen (one empty sequence), every input and output in one file each.
         cu_q = np.array([0, 13, 13, 40], np.int32)

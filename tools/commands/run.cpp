@@ -137,7 +137,8 @@ int run(const RunArgs& a) {
   if (!a.causal_align.empty() && !a.causal && a.window.empty()) {
     throw Error("--causal-align: applies to --causal or --window, got neither");
   }
-  o.causal_align = a.causal_align == "top-left" ? CausalAlign::top_left : CausalAlign::bottom_right;
+  o.causal_align =
+      a.causal_align == "top-left" || a.causal_align == "top_left" ? CausalAlign::top_left : CausalAlign::bottom_right;
   if (!a.window.empty()) std::tie(o.window_size_left, o.window_size_right) = parse_window(a.window);
   o.softcap = float32_option("--softcap", a.softcap);
   o.softmax_scale = float32_option("--scale", a.scale);
@@ -318,8 +319,9 @@ Command add_run_command(CLI::App& parent) {
                                       "receives lse, dq, dk, dv not given their own file)")->required();
   app->add_option("--lse", args->lse, "output file for lse (float32 [batch, num_heads, seqlen_q] or [num_heads, total_q])");
   app->add_flag("--causal", args->causal, "causal mask (window_size_right = 0)");
+  // (The Python package's spellings, bottom_right and top_left, are accepted too.)
   app->add_option("--causal-align", args->causal_align, "diagonal alignment when seqlen_q != seqlen_k")
-      ->check(CLI::IsMember({"bottom-right", "top-left"}));
+      ->check(CLI::IsMember({"bottom-right", "top-left", "bottom_right", "top_left"}));
   app->add_option("--window", args->window, "sliding window L,R (-1 = unbounded)")->check(non_empty());
   app->add_option("--softcap", args->softcap, "logit soft-capping softcap * tanh(S / softcap) (0 = off)")->check(non_empty());
   app->add_option("--scale", args->scale, "softmax_scale (0 = 1/sqrt(head_dim))")->check(non_empty());
