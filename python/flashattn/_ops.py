@@ -379,7 +379,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float
 def _backward_call(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
                    int_opts: List[int], float_opts: List[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, out = _last_dim_contiguous(dout), _last_dim_contiguous(out)
+    dout, out, lse = _last_dim_contiguous(dout), _last_dim_contiguous(out), _last_dim_contiguous(lse)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     _call(True, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts)
     return dq, dk, dv
@@ -583,6 +583,22 @@ def _refuse_forward_ad(q: Tensor, k: Tensor, v: Tensor) -> None:
                                   "supported; q, k or v carries a tangent")
 
 
+def _refuse_func_reverse_mode() -> None:
+    # torch.library's autograd for a custom op (register_autograd) has no functorch rule, so under
+    # torch.func.grad / vjp / jacrev it failed with PyTorch's own message about setup_context,
+    # naming neither flashattn nor a way out. torch.func.vmap (its own rule) is unaffected.
+    if not torch._C._are_functorch_transforms_active():
+        return
+    try:
+        kinds = [i.key().name for i in torch._C._functorch.get_interpreter_stack() or ()]
+    except (AttributeError, RuntimeError):  # an older PyTorch without this introspection
+        return
+    if "Grad" in kinds:
+        raise NotImplementedError("flashattn: torch.func.grad, vjp, jacrev and hessian are not supported (the "
+                                  "custom op's autograd has no functorch rule); differentiate with "
+                                  "torch.autograd.grad or loss.backward() instead (torch.func.vmap works)")
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
               alibi_slopes: Optional[Tensor], int_opts: List[int], float_opts: List[float],
               q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
@@ -590,6 +606,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
     descales = (q_descale, k_descale, v_descale)
     _refuse_forward_ad(q, k, v)
+    _refuse_func_reverse_mode()
     if use_eager(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             # Nothing to differentiate (inference, evaluation): no autograd node to build.

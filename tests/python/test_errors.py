@@ -292,6 +292,27 @@ def test_forward_mode_ad_raises_instead_of_a_zero_tangent():
         torch.func.jvp(lambda x: flash_attn_func(x, x, x), (q,), (torch.ones_like(q),))
 
 
+def test_func_grad_raises_naming_flashattn_and_the_way_out():
+    # Found by a bad-input helper (session 30): PyTorch's own error about setup_context came instead.
+    q = torch.randn(1, 3, 1, 8)
+    with pytest.raises(NotImplementedError, match="flashattn: torch.func.grad.*torch.autograd.grad"):
+        torch.func.grad(lambda x: flash_attn_func(x, x, x).sum())(q)
+
+
+def test_backward_takes_an_lse_whose_last_dimension_is_strided():
+    # Found by a bad-input helper (session 30): q, k, v, out, dout were copied, lse was refused.
+    q = torch.randn(2, 5, 4, 8)
+    opts = ([0, 0, 0, 0, -1, -1, 0], [0.0, 0.0])
+    out, lse = torch.ops.flashattn.fwd(q, q, q, None, None, None, *opts)
+    strided = torch.empty(2, 4, 5, 2)[..., 0]
+    strided.copy_(lse)
+    dout = torch.randn_like(out)
+    want = torch.ops.flashattn.bwd(dout, q, q, q, out, lse, None, None, None, *opts)
+    got = torch.ops.flashattn.bwd(dout, q, q, q, out, strided, None, None, None, *opts)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), name
+
+
 def test_dual_tensor_without_requires_grad_raises_instead_of_dropping_the_tangent():
     # Found by review: the no-grad fast path returned before the forward-mode check, so the
     # output of a dual q (no requires_grad) had no tangent and no error was raised.
