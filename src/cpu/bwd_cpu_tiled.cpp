@@ -128,7 +128,7 @@ void compute_delta(const detail::Params& p, int threads, std::vector<float>& del
 
 // dK, dV of block_n keys of one KV head, summed over the query heads of its group, and their
 // contribution to dQ added into dq_acc ([group head][query row][round_up(head_dim, 16)]).
-void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, const std::vector<float>& delta,
+FLASHATTN_CPU_CLONES void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, const std::vector<float>& delta,
               float* dq_acc, BwdScratch& w) {
   const int64_t d = p.head_dim, dv = p.head_dim_v, bm = ts.block_m;
   const int64_t dp16 = simd::round_up(d, simd::kLanes), dv16 = simd::round_up(dv, simd::kLanes);

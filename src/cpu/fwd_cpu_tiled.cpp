@@ -76,7 +76,7 @@ void online_softmax(float* st, int64_t nc, int64_t w, int64_t ld, float* m, floa
   }
 }
 
-void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, FwdScratch& w) {
+FLASHATTN_CPU_CLONES void forward_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, FwdScratch& w) {
   const int64_t d = p.head_dim, dv = p.head_dim_v, bn = ts.block_n;
   const Seq sq = sequence(p, it.b);
   const int64_t h = it.h, kvh = h / (p.num_heads / p.num_heads_k);
