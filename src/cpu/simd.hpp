@@ -95,7 +95,9 @@ inline V16 max(V16 a, V16 b) { return a > b ? a : b; }
 inline V16 min(V16 a, V16 b) { return a < b ? a : b; }
 inline V16 replace_neg_inf(V16 x, V16 r) { return x == bcast(kNegInf) ? r : x; }
 // The AVX-512 version's arithmetic: the same polynomial, n rounded to nearest even by adding and
-// subtracting 1.5 · 2^23, 2^n built in the exponent bits (n = 128 gives inf, as scalef does).
+// subtracting 1.5 · 2^23, and y · 2^n as scalef computes it: by two exact power-of-two factors
+// 2^⌊n/2⌋ · 2^⌈n/2⌉, both normal for n in [-127, 128] (a single 2^128 would be inf, and x in
+// (127.5, 128) has a finite result); the product overflows to inf from x = 128 on.
 inline V16 exp2(V16 x) {
   const I16 keep = ~(x < bcast(kExp2Min));        // x >= kExp2Min or NaN
   x = x > bcast(128.0f) ? bcast(128.0f) : x;       // NaN fails both compares and stays NaN
@@ -104,10 +106,12 @@ inline V16 exp2(V16 x) {
   const V16 r = x - n;
   V16 y = bcast(kExp2C[7]);
   for (int c = 6; c >= 0; --c) y = y * r + kExp2C[c];
-  const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
-  V16 pow2;
-  std::memcpy(&pow2, &bits, sizeof pow2);
-  return keep ? y * pow2 : zero();
+  const I16 ni = __builtin_convertvector(n, I16), lo = ni >> 1;
+  const I16 bits_lo = (lo + 127) << 23, bits_hi = (ni - lo + 127) << 23;
+  V16 p_lo, p_hi;
+  std::memcpy(&p_lo, &bits_lo, sizeof p_lo);
+  std::memcpy(&p_hi, &bits_hi, sizeof p_hi);
+  return keep ? (y * p_lo) * p_hi : zero();
 }
 #endif
 
