@@ -44,8 +44,6 @@ inline constexpr float kExp2C[8] = {1.0f,
                                     0.000154035303933816f,
                                     1.52527338040598e-05f};
 
-inline float exp2_scalar(float x) { return x < kExp2Min ? 0.0f : std::exp2(x); }
-
 #if defined(__AVX512F__)
 using V16 = __m512;
 inline V16 load(const float* p) { return _mm512_loadu_ps(p); }
@@ -106,7 +104,8 @@ inline V16 exp2(V16 x) {
   const V16 r = x - n;
   V16 y = bcast(kExp2C[7]);
   for (int c = 6; c >= 0; --c) y = y * r + kExp2C[c];
-  const I16 ni = __builtin_convertvector(n, I16), lo = ni >> 1;
+  // (NaN lanes convert 0: a NaN float to int conversion is undefined; y carries the NaN.)
+  const I16 ni = __builtin_convertvector(n == n ? n : zero(), I16), lo = ni >> 1;
   const I16 bits_lo = (lo + 127) << 23, bits_hi = (ni - lo + 127) << 23;
   V16 p_lo, p_hi;
   std::memcpy(&p_lo, &bits_lo, sizeof p_lo);
@@ -120,8 +119,13 @@ inline V16 exp2(V16 x) {
 // at load time by the CPU (GCC's target_clones); flatten inlines the products and the softmax
 // into each clone. A portable build ran the forward at 2-5 GFLOP/s on this AVX-512 machine (the
 // 16-accumulator product on SSE registers), the native one at ~200. Clang (no target_clones
-// with flatten) and native builds compile one version.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX512F__)
+// with flatten), GCC before 12 (no arch=x86-64-vN there), native builds and unoptimized ones
+// compile one version: at -O0 flatten inlines nothing, and the AVX-512 clone then called the
+// baseline-compiled V16 helpers, which take and return 64-byte vectors in memory where the clone
+// passes them in zmm registers (a review found the backward crashing there; -Wpsabi, silenced
+// above, is the warning for it).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX512F__) && \
+    defined(__OPTIMIZE__)
 #define FLASHATTN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
 #define FLASHATTN_CPU_CLONES

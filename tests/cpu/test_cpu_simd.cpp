@@ -64,8 +64,12 @@ TEST(CpuSimd, MaxMinFollowTheX86NaNRuleAndNegInfIsReplaced) {
       EXPECT_EQ(out[i], a[i] > b[i] ? a[i] : b[i]) << i;
   }
   simd::store(out, simd::min(simd::load(a), simd::load(b)));
-  for (int i = 0; i < 16; ++i)
-    if (!std::isnan(a[i]) && !std::isnan(b[i])) EXPECT_EQ(out[i], a[i] < b[i] ? a[i] : b[i]) << i;
+  for (int i = 0; i < 16; ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i]))
+      EXPECT_EQ(std::isnan(out[i]), std::isnan(b[i])) << i;
+    else
+      EXPECT_EQ(out[i], a[i] < b[i] ? a[i] : b[i]) << i;
+  }
   simd::store(out, simd::replace_neg_inf(simd::load(b), simd::bcast(7.0f)));
   for (int i = 0; i < 16; ++i) {
     if (b[i] == -kInf)
