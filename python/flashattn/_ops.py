@@ -606,13 +606,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], c
     """(out, lse) with autograd: _EagerAttention when use_eager() allows, else the flashattn::fwd op."""
     descales = (q_descale, k_descale, v_descale)
     _refuse_forward_ad(q, k, v)
-    _refuse_func_reverse_mode()
     if use_eager(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             # Nothing to differentiate (inference, evaluation): no autograd node to build.
             return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
         return _EagerAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts,
                                      *descales)
+    _refuse_func_reverse_mode()  # (only here: a functorch transform rules out the eager path)
     return _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, *descales)
 
 

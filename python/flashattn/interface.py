@@ -40,7 +40,7 @@ from torch import Tensor
 from . import _ops
 from ._capi import FlashAttnError
 
-_ALIGNS = ("bottom_right", "top_left", "bottom-right", "top-left")  # (the CLI spells them with a hyphen)
+_ALIGNS = tuple(_ops._ALIGN_CODES)  # (both spellings: bottom_right / bottom-right, ...)
 
 
 def _check_common(dropout_p: float, softmax_scale: Optional[float], window_size: Sequence[int], softcap: float,
