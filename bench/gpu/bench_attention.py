@@ -433,7 +433,7 @@ def main():
     md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
           f"TFLOP/s (fwd / bwd; median of {meta['rounds']} interleaved rounds of do_bench medians, "
           f"the GPU idle {meta['rest_ms']:g} ms before each). "
-          "FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
+          "FLOPs = 4·b·h·s²·d (2·b·h·s²·(d + dv) where head_dim_v = dv differs), /2 causal, ×2.5 bwd.", "",
           "| shape | dtype | causal | " + " | ".join(impls) +
           " | ours/fa2 fwd | ours/fa2 bwd | ours/cudnn fwd | ours/cudnn bwd |",
           "|---|---|---|" + "---|" * (len(impls) + 4)]

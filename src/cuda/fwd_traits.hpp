@@ -99,17 +99,18 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 (192, 256) query
 // rows as two (three, four) consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing
-// TMA, and kStages K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes,
-// plus an O staging buffer of Q's size where that still fits in 227 KB (the persistent grid,
-// kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent, 160 with three
-// consumers, 112 with four): S = block_n / 2, P = block_n / 4, O = head_dim / 2, and with two consumers Q's A
+// TMA, and kStages K and V buffers. Shared memory = Q + kStages · block_n · (head_dim + head_dim_v) · 2
+// bytes, plus an O staging buffer (block_m · head_dim_v · 2) where that still fits in 227 KB (the
+// persistent grid, kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent,
+// 160 with three consumers, 112 with four): S = block_n / 2, P = block_n / 4, O = head_dim_v / 2, and with two consumers Q's A
 // fragments head_dim / 4 (kQInRegs), so block_n shrinks as head_dim grows (FA-3's tile_size.h makes
 // the same trade).
 //   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
 //             S 64 + P 32 + O 32 registers. Short sequences: block_n 64, 4 stages, block_m 256
 //             (four consumers of 112 registers): 128 KB with O; S 32 + P 16 + O 32.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
-//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
+//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128;
+//             head_dim <= 192 runs narrower configs (FwdSm90Traits<256> below).
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
           int kHeadDimV_ = kHeadDim_>
 struct FwdSm90Config {
