@@ -93,19 +93,24 @@ if [ "$mode" = build ]; then
       [ -f "$o" ] || continue
       sass=$("$CUOBJDUMP" -sass "$o")
       echo "== $(basename "$o"): $(grep -c HGMMA <<<"$sass") HGMMA, $(grep -c QGMMA <<<"$sass") QGMMA, $(grep -c HMMA <<<"$sass") HMMA, $(grep -cE 'LDL|STL' <<<"$sass") LDL/STL"
-      if [[ $o == */fwd_sm90_*_hdim128.cu.o || $o == */fwd_sm90_*_hdim256.cu.o ]]; then
-        want=$([[ $o == *hdim128* ]] && echo 128 || echo 64)
-        n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$sass")
-        echo "== $(basename "$o"): $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$want" ] || echo " (WARNING: expected more than $want; ptxas hoisted the wait, see max_exp)")"
-      fi
-      # The steady round's wgmma descriptors in uniform registers: R2UR moves in its product issue
-      # (from its WARPGROUP.ARRIVE to the first DEPBAR.LE gsb0, 0x1) mean ptxas computed them in
-      # ordinary registers; session 30's staggered forward lost 8-10 % that way (a TMA store inside
-      # the tile loop was enough), with nothing in ptxas -v to show it.
-      if [[ $o == */fwd_sm90_* ]]; then
-        n=$(awk '/WARPGROUP.ARRIVE/ {c = 0} /R2UR/ {c++} /DEPBAR.LE gsb0, 0x1/ {print c + 0; exit}' <<<"$sass")
-        echo "== $(basename "$o"): ${n:-?} R2UR in the steady round's product issue$([ "${n:-1}" -eq 0 ] || echo " (WARNING: expected 0; the descriptors left the uniform registers)")"
-      fi
+      # Per kernel of the object (the 256 bucket's holds three configs: fwd_traits.hpp).
+      [[ $o == */fwd_sm90_* ]] || continue
+      while IFS= read -r fn; do
+        ksass=$(awk -v f="$fn" '/Function :/ {on = index($0, f) > 0} on' <<<"$sass")
+        # FwdSm90Config<head_dim, block_n, stages, block_m, elem bytes, ...> from the mangled name.
+        read -r hd bn bm eb < <(sed -E 's/.*FwdSm90ConfigILi([0-9]+)ELi([0-9]+)ELi[0-9]+ELi([0-9]+)ELi([0-9]+)E.*/\1 \2 \3 \4/' <<<"$fn")
+        tag="$(basename "$o") [d$hd bn$bn bm$bm]"
+        if [ "$eb" = 2 ] && [ "$hd" -ge 128 ]; then
+          n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$ksass")
+          echo "== $tag: $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$bn" ] || echo " (WARNING: expected more than $bn; ptxas hoisted the wait, see max_exp)")"
+        fi
+        # The steady round's wgmma descriptors in uniform registers: R2UR moves in its product issue
+        # (from its WARPGROUP.ARRIVE to the first DEPBAR.LE gsb0, 0x1) mean ptxas computed them in
+        # ordinary registers; session 30's staggered forward lost 8-10 % that way (a TMA store inside
+        # the tile loop was enough), with nothing in ptxas -v to show it.
+        n=$(awk '/WARPGROUP.ARRIVE/ {c = 0} /R2UR/ {c++} /DEPBAR.LE gsb0, 0x1/ {print c + 0; exit}' <<<"$ksass")
+        echo "== $tag: ${n:-?} R2UR in the steady round's product issue$([ "${n:-1}" -eq 0 ] || echo " (WARNING: expected 0; the descriptors left the uniform registers)")"
+      done < <(grep -oE 'Function : [A-Za-z0-9_]*fwd_sm90_kernel[A-Za-z0-9_]*' <<<"$sass" | awk '{print $3}' | sort -u)
     done > $DIST/sass_summary.txt
     cat $DIST/sass_summary.txt
   fi
@@ -196,7 +201,7 @@ if [[ $what == *sanitize* ]]; then
   # Small cases that still cover every code path: masked and unmasked tiles, varlen with empty
   # sequences, GQA, head_dim inside a bucket, softcap + ALiBi, the FP8 forward (a masked GQA case),
   # and the backward (the head_dim 256 kernel through the varlen and softcap + ALiBi cases).
-  filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:CudaBackwardMisc.KernelChoice:CudaBackwardMisc.UnderGraphCapture'
+  filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaForward.*/bf16_b2_sq300_sk520_h4k2_d192_dv128_causalBR:*CudaForward.*/bf16_varlen_517*_d192_dv128:*CudaForward.*/bf16_b1_sq1100_sk700_h2k2_d192:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:CudaBackwardMisc.KernelChoice:CudaBackwardMisc.UnderGraphCapture'
   # One compute-sanitizer tool over the tests of a filter, under the `env` assignments that follow;
   # the log is appended to sanitize.log and a line to the summary.
   sanitize_with() {

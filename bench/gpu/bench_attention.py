@@ -7,7 +7,8 @@ shapes (Dao 2023, Sec. 4.1: batch * seqlen = 16384, model dim 2048, head_dim 64 
 (32 query / 8 KV heads, head_dim 128, seqlen 8192).
 
 TFLOP/s = FLOPs / median time with FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * head_dim,
-halved for causal, times 2.5 for the backward (FA-2's convention). Times from
+halved for causal, times 2.5 for the backward (FA-2's convention); with head_dim_v != head_dim
+(the MLA shapes: 192 / 128) 2 * batch * heads * seqlen_q * seqlen_k * (head_dim + head_dim_v). Times from
 triton.testing.do_bench (CUDA events, warm-up first, L2 flushed between runs, median), taken in
 --rounds interleaved rounds per shape (each contender once per round, the order rotated) and the
 median of the rounds kept, so that the GPU's clock drift under its power cap does not decide the
@@ -47,13 +48,14 @@ from attention_flops import attention_flops  # noqa: E402
 
 
 
-def make_inputs(b, s, h, hk, d, dtype):
+def make_inputs(b, s, h, hk, d, dtype, dv=None):
+    dv = d if dv is None else dv
     g = torch.Generator(device="cuda")
     g.manual_seed(int(time.time_ns()) & 0xFFFFFFFF)
     q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
-    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, s, hk, dv, device="cuda", dtype=dtype, generator=g)
+    do = torch.randn(b, s, h, dv, device="cuda", dtype=dtype, generator=g)
     return q, k, v, do
 
 
@@ -316,14 +318,20 @@ def main():
     if args.dtypes:
         dtypes = [getattr(torch, x) for x in args.dtypes.split(",")]
     seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    shapes = []  # (name, batch, seqlen, heads, heads_k, head_dim)
+    shapes = []  # (name, batch, seqlen, heads, heads_k, head_dim, head_dim_v)
     for d in (64, 128):
         for s in seqlens:
-            shapes.append((f"fa2paper_d{d}_s{s}", 16384 // s, s, 2048 // d, 2048 // d, d))
-    shapes.append(("llama31_8b_s8192", 1, 8192, 32, 8, 128))
-    # head_dim 256 (Gemma's), 16k tokens per batch and 2048 model columns as the FA-2 shapes.
+            shapes.append((f"fa2paper_d{d}_s{s}", 16384 // s, s, 2048 // d, 2048 // d, d, d))
+    shapes.append(("llama31_8b_s8192", 1, 8192, 32, 8, 128, 128))
+    # head_dim 256 (Gemma's), 16k tokens per batch and 2048 model columns as the FA-2 shapes; head_dim
+    # 192, and 192 with head_dim_v 128 (DeepSeek-V2/V3's multi-head latent attention in prefill), 16
+    # heads.
     for s in (1024, 4096, 16384):
-        shapes.append((f"hdim256_s{s}", 16384 // s, s, 8, 8, 256))
+        shapes.append((f"hdim256_s{s}", 16384 // s, s, 8, 8, 256, 256))
+    for s in (1024, 4096, 16384):
+        shapes.append((f"hdim192_s{s}", 16384 // s, s, 16, 16, 192, 192))
+    for s in (1024, 4096, 16384):
+        shapes.append((f"mla_d192_dv128_s{s}", 16384 // s, s, 16, 16, 192, 128))
     if args.shapes:
         shapes = [sh for sh in shapes if any(x in sh[0] for x in args.shapes.split(","))]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
@@ -351,9 +359,9 @@ def main():
         pass
     rows = []
     for dtype in dtypes:
-        for (name, b, s, h, hk, d) in shapes:
+        for (name, b, s, h, hk, d, dv) in shapes:
             for causal in causals:
-                q, k, v, do = make_inputs(b, s, h, hk, d, dtype)
+                q, k, v, do = make_inputs(b, s, h, hk, d, dtype, dv)
                 ref_out = None
                 # The H200 runs power-capped (nvidia-smi: SW power cap, the SM clock 1755 of 1980 MHz
                 # under this load), so its clock drifts within a run: one kernel measured 416 and
@@ -367,14 +375,16 @@ def main():
                     if cname.startswith("ours_fp8") and d != 128:  # the FP8 forward ships head_dim 128 only
                         continue
                     rec = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "batch": b, "seqlen": s,
-                           "heads": h, "heads_k": hk, "head_dim": d, "causal": causal, "impl": cname}
+                           "heads": h, "heads_k": hk, "head_dim": d, "head_dim_v": dv, "causal": causal,
+                           "impl": cname}
                     rows.append(rec)
                     try:
                         fwd, bwd = make(q, k, v, do, causal)
                         o = fwd()
                         o = o[0] if isinstance(o, tuple) else o
-                        o = o if o.shape == q.shape else o.transpose(1, 2)
-                        if ref_out is None and cname == "fa2":
+                        o = o if o.shape == do.shape else o.transpose(1, 2)
+                        # (FA-2 takes no head_dim_v != head_dim: cuDNN's out is the reference there.)
+                        if ref_out is None and (cname == "fa2" or cname == "cudnn" and d != dv):
                             ref_out = o.float()
                         rec["out"] = o.float()
                         runs.append((cname, rec, fwd, bwd, [], []))
@@ -397,12 +407,12 @@ def main():
                     t = statistics.median(tf)
                     rec["fwd_ms"] = t
                     rec["fwd_ms_rounds"] = tf
-                    rec["fwd_tflops"] = attention_flops(b, h, s, s, d, causal, False) / (t * 1e-3) / 1e12
+                    rec["fwd_tflops"] = attention_flops(b, h, s, s, d, causal, False, dv) / (t * 1e-3) / 1e12
                     if tb:
                         t = statistics.median(tb)
                         rec["bwd_ms"] = t
                         rec["bwd_ms_rounds"] = tb
-                        rec["bwd_tflops"] = attention_flops(b, h, s, s, d, causal, True) / (t * 1e-3) / 1e12
+                        rec["bwd_tflops"] = attention_flops(b, h, s, s, d, causal, True, dv) / (t * 1e-3) / 1e12
                 del runs
                 torch.cuda.empty_cache()
                 # Agreement with FA-2 (a sanity check, not the accuracy test: tests/cuda does that).
@@ -423,7 +433,7 @@ def main():
     md = [f"# Attention benchmark: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, {meta['date']}", "",
           f"TFLOP/s (fwd / bwd; median of {meta['rounds']} interleaved rounds of do_bench medians, "
           f"the GPU idle {meta['rest_ms']:g} ms before each). "
-          "FLOPs = 4·b·h·s²·d, /2 causal, ×2.5 bwd.", "",
+          "FLOPs = 4·b·h·s²·d (2·b·h·s²·(d + dv) where head_dim_v = dv differs), /2 causal, ×2.5 bwd.", "",
           "| shape | dtype | causal | " + " | ".join(impls) +
           " | ours/fa2 fwd | ours/fa2 bwd | ours/cudnn fwd | ours/cudnn bwd |",
           "|---|---|---|" + "---|" * (len(impls) + 4)]

@@ -1,5 +1,5 @@
 """Issue 4's summary of one bench_attention.py run: ours / FA-2 and ours / cuDNN per pass over the
-FA-2 paper shapes + Llama (and head_dim 256 apart), the points at issue 4's targets (forward >= 1.05x
+FA-2 paper shapes + Llama (and head_dim 256, 192 and MLA's 192 / 128 apart), the points at issue 4's targets (forward >= 1.05x
 cuDNN, backward >= 1.0x, seqlen >= 1024), and the FP8 forward against our 16-bit one and cuDNN.
 
   python3 bench/gpu/summarize.py bench/gpu/results/2026-11-30-h200-session18.json
@@ -19,18 +19,23 @@ def main(path):
     print("| pass | shapes | ours / FA-2 (min · median · max) | ours >= FA-2 | ours / cuDNN (min · median · max) | ours >= cuDNN |")
     print("| --- | --- | --- | --- | --- | --- |")
     for pas in ("fwd", "bwd"):
-        for group, pick in (("FA-2 paper + Llama", lambda s: not s.startswith("hdim256")),
-                            ("head_dim 256", lambda s: s.startswith("hdim256"))):
+        for group, pick in (("FA-2 paper + Llama", lambda s: s.startswith(("fa2paper", "llama"))),
+                            ("head_dim 256", lambda s: s.startswith("hdim256")),
+                            ("head_dim 192", lambda s: s.startswith("hdim192")),
+                            ("MLA 192 / 128", lambda s: s.startswith("mla"))):
             fa2, cud = [], []
             for (shape, _, _), impl in by.items():
                 if not pick(shape) or "ours" not in impl or f"{pas}_ms" not in impl["ours"]:
                     continue
                 t = impl["ours"][f"{pas}_ms"]
-                if "fa2" in impl:
+                # (A peer that could not run a shape, e.g. FA-2 at head_dim_v != head_dim, has no time.)
+                if f"{pas}_ms" in impl.get("fa2", {}):
                     fa2.append(impl["fa2"][f"{pas}_ms"] / t)
-                if "cudnn" in impl:
+                if f"{pas}_ms" in impl.get("cudnn", {}):
                     cud.append(impl["cudnn"][f"{pas}_ms"] / t)
-            fmt = lambda xs: f"{min(xs):.2f} · {statistics.median(xs):.2f} · {max(xs):.2f}"
+            if not fa2 and not cud:
+                continue
+            fmt = lambda xs: f"{min(xs):.2f} · {statistics.median(xs):.2f} · {max(xs):.2f}" if xs else "—"
             extra = f" ({sum(x >= 1.05 for x in cud)} >= 1.05)" if pas == "fwd" else ""
             print(f"| {'forward' if pas == 'fwd' else 'backward'} | {group} | {fmt(fa2)} | {sum(x >= 1 for x in fa2)} / {len(fa2)} "
                   f"| {fmt(cud)} | {sum(x >= 1 for x in cud)} / {len(cud)}{extra} |")
@@ -40,7 +45,7 @@ def main(path):
         miss = []
         n = 0
         for (shape, dtype, causal), impl in sorted(by.items()):
-            if shape.startswith("hdim256") or "cudnn" not in impl or "ours" not in impl:
+            if not shape.startswith(("fa2paper", "llama")) or "cudnn" not in impl or "ours" not in impl:
                 continue
             if shape.startswith("fa2paper") and int(shape.rsplit("_s", 1)[1]) < 1024:
                 continue

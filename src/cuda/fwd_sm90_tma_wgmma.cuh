@@ -94,8 +94,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kFp8 = std::is_same_v<Elem, E4M3>;
   using Out = typename OutElem<Elem>::type;
   using OutStorage = typename Out::Storage;
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
-  constexpr int kPanels = D * Cfg::kElemBytes / 128;  // 128-byte panels per Q / K row
+  constexpr int D = Cfg::kHeadDim, Dv = Cfg::kHeadDimV, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStages;
+  constexpr int kPanels = D * Cfg::kElemBytes / 128;    // 128-byte panels per Q / K row
+  constexpr int kPanelsV = Dv * Cfg::kElemBytes / 128;  // per V row (16-bit; FP8's Vᵀ is one panel of keys)
   constexpr int kPanelCols = 128 / Cfg::kElemBytes;
   // wgmma k-steps of 32 bytes along a row: 16 elements of 16 bits, 32 of 8 (k32 instructions).
   constexpr int kKStep = 32 / Cfg::kElemBytes;
@@ -132,12 +133,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sQ = (raw + 1023) & ~1023u;
   uint8_t* smem = smem_raw + (sQ - raw);  // generic pointer to sQ
   const uint32_t sK = sQ + Cfg::kQBytes;
-  const uint32_t sV = sK + S * Cfg::kKVBytes;
+  const uint32_t sV = sK + S * Cfg::kKBytes;
   // The epilogue stages O in its own buffer when the block goes on to another tile (the next Q
   // then loads while this tile's last products and epilogue run), else in the Q tile.
-  const uint32_t sO = Cfg::kPersistent ? sV + S * Cfg::kKVBytes : sQ;
+  const uint32_t sO = Cfg::kPersistent ? sV + S * Cfg::kVBytes : sQ;
   uint8_t* smem_o = smem + (sO - sQ);
-  const uint32_t bars = sV + S * Cfg::kKVBytes + Cfg::kOBytes;
+  const uint32_t bars = sV + S * Cfg::kVBytes + Cfg::kOBytes;
   const uint32_t q_full = bars, q_empty = bars + 8;
   auto k_full = [&](int s) { return bars + 8 * (2 + s); };
   auto k_empty = [&](int s) { return bars + 8 * (2 + S + s); };
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int row = int(blk.k_start) + nb * BN;
             mbar_wait(k_empty(stage), phase ^ 1);
             FWD_TRACE(0, j, FWD_TRACE_LOAD(blk.nb_max - 1 - nb, 0));
-            mbar_arrive_expect_tx(k_full(stage), Cfg::kKVBytes);
-            tma_load_tile<kPanels, BN, kPanelCols>(sK + stage * Cfg::kKVBytes, &tmap_k, k_full(stage), row, blk.h_k,
+            mbar_arrive_expect_tx(k_full(stage), Cfg::kKBytes);
+            tma_load_tile<kPanels, BN, kPanelCols>(sK + stage * Cfg::kKBytes, &tmap_k, k_full(stage), row, blk.h_k,
                                                    tma_batch);
             if (nb == blk.nb_max - 1) {
               // Q once the previous tile's consumers have read theirs (into registers, or, where Q
@@ -212,11 +213,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             mbar_wait(v_empty(stage), phase ^ 1);
             FWD_TRACE(0, j, FWD_TRACE_LOAD(blk.nb_max - 1 - nb, 1));
-            mbar_arrive_expect_tx(v_full(stage), Cfg::kKVBytes);
+            mbar_arrive_expect_tx(v_full(stage), Cfg::kVBytes);
             if constexpr (kFp8)  // Vᵀ: head_dim rows of block_n key bytes (one panel), keys from nb · block_n
-              tma_load_4d(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), nb * BN, 0, blk.h_k, tma_batch);
+              tma_load_4d(sV + stage * Cfg::kVBytes, &tmap_v, v_full(stage), nb * BN, 0, blk.h_k, tma_batch);
             else
-              tma_load_tile<kPanels, BN>(sV + stage * Cfg::kKVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
+              tma_load_tile<kPanelsV, BN>(sV + stage * Cfg::kVBytes, &tmap_v, v_full(stage), row, blk.h_k, tma_batch);
             if (++stage == S) {
               stage = 0;
               phase ^= 1;
@@ -316,9 +317,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         bad_descale = !(positive(q_scale) && positive(k_scale) && positive(v_scale) && normal(score_scale) &&
                         (p.softcap <= 0.f || normal(score_scale / p.softcap)));
       }
-      float o[D / 2];
+      float o[Dv / 2];
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      for (int i = 0; i < Dv / 2; ++i) o[i] = 0.f;
       float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
       const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // S = Q K(stage)ᵀ: head_dim / 16 k-steps; a k-step moves 32 bytes along a 128-byte row and
         // every 4 steps to the next 64-column panel.
         auto issue_qk = [&](int stage) {
-          const uint64_t k_desc = make_desc(sK + stage * Cfg::kKVBytes, 16, 1024);
+          const uint64_t k_desc = make_desc(sK + stage * Cfg::kKBytes, 16, 1024);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < D / kKStep; ++kk) {
@@ -352,13 +353,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma_fence();
           if constexpr (kFp8) {
             // Vᵀ (K-major, head_dim rows of block_n = 128 key bytes): k-steps of 32 keys, 32 bytes.
-            const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, 16, 1024);
+            const uint64_t v_desc = make_desc(sV + stage * Cfg::kVBytes, 16, 1024);
 #pragma unroll
-            for (int kk = 0; kk < BN / kKStep; ++kk) Wgmma<Elem, D>::rk(o, pf[kk], desc_advance(v_desc, kk * 32), 1);
+            for (int kk = 0; kk < BN / kKStep; ++kk) Wgmma<Elem, Dv>::rk(o, pf[kk], desc_advance(v_desc, kk * 32), 1);
           } else {
-            const uint64_t v_desc = make_desc(sV + stage * Cfg::kKVBytes, BN * 128, 1024);
+            const uint64_t v_desc = make_desc(sV + stage * Cfg::kVBytes, BN * 128, 1024);
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, D>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+            for (int kk = 0; kk < BN / 16; ++kk) Wgmma<Elem, Dv>::rs(o, pf[kk], desc_advance(v_desc, kk * 16 * 128), 1);
           }
           wgmma_commit();
         };
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // tensor cores until now) may be reused.
         auto fence_o = [&] {
 #pragma unroll
-          for (int i = 0; i < D / 2; ++i) fence_operand(o[i]);
+          for (int i = 0; i < Dv / 2; ++i) fence_operand(o[i]);
 #pragma unroll
           for (int kk = 0; kk < BN / kKStep; ++kk)
 #pragma unroll
@@ -393,9 +394,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int valid = len_k - nb * BN;
           if (kFp8 || !varlen || valid >= BN) return;  // (FP8 runs batched only)
           const int ctid = threadIdx.x - 128;
-          for (int i = ctid; i < (BN - valid) * kPanels * 8; i += 128 * Cfg::kConsumerWarpgroups) {
-            const int r = valid + i / (kPanels * 8), c = i % (kPanels * 8);
-            *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kKVBytes +
+          for (int i = ctid; i < (BN - valid) * kPanelsV * 8; i += 128 * Cfg::kConsumerWarpgroups) {
+            const int r = valid + i / (kPanelsV * 8), c = i % (kPanelsV * 8);
+            *reinterpret_cast<uint4*>(smem + (sV - sQ) + stage * Cfg::kVBytes +
                                       swizzled_chunk<BN>(r, c)) = make_uint4(0, 0, 0, 0);
           }
           fence_proxy_async();
@@ -552,7 +553,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // warpgroup skips the others' products and softmax, but still takes its turn and frees
         // their K / V slots, in the same rounds: round r of a tile is S(nb_max - 1 - r) and
         // P(nb_max - r) V for every warpgroup, so the turns stay in step.
-        // (Not at head_dim 256, whose 240 registers have no room for the bookkeeping: 2 spills.)
+        // (Not above head_dim 128, whose registers have no room for the bookkeeping: 2 spills at
+        // head_dim 256, 8-12 bytes at 192.)
         int lo = nb_min, hi = nb_min;
         if constexpr (D > 128) {
           lo = nb_min;
@@ -618,7 +620,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             fence_o();
             release(v_empty(stage));
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
+            for (int j = 0; j < Dv / 8; ++j) {
               o[4 * j + 0] *= alpha[0];
               o[4 * j + 1] *= alpha[0];
               o[4 * j + 2] *= alpha[1];
@@ -697,7 +699,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // accumulator is the mma.sync one) by stmatrix: lane l gives the 16-byte row of matrix l / 8.
       const int o_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < Dv / 16; ++kk) {
         const float* x = o + 8 * kk;
         stmatrix_x4(sO + swizzled_chunk<BM>(o_row, 2 * kk + (lane >> 4)), pack2<Out>(x[0] * inv[0], x[1] * inv[0]),
                     pack2<Out>(x[2] * inv[1], x[3] * inv[1]), pack2<Out>(x[4] * inv[0], x[5] * inv[0]),
@@ -711,14 +713,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         named_barrier_sync(kEpilogueBarrier + cw, 128);
         if (tid == 0) {
 #pragma unroll
-          for (int pn = 0; pn < D / 64; ++pn)
+          for (int pn = 0; pn < Dv / 64; ++pn)
             tma_store_4d(&tmap_o, sO + pn * BM * 128 + cw * 64 * 128, pn * 64, m0 + cw * 64, h, b);
           bulk_commit();
         }
       } else {
         __syncwarp();
         OutStorage* const out_base = static_cast<OutStorage*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
-        constexpr int kChunks = D / 8;
+        constexpr int kChunks = Dv / 8;
 #pragma unroll
         for (int it = 0; it < 16 * kChunks / 32; ++it) {
           const int i = lane + it * 32;
@@ -878,6 +880,19 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
     if (always || (!never && fwd_short_tile_pays(max_seqlen_q, int64_t(batch) * p.num_heads, multiprocessor_count(),
                                                  Short::kBlockM, Long::kBlockM, Traits::kShortMaxSeqlenQ))) {
       launch_fwd_sm90_config<Elem, Short>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      return;
+    }
+  }
+  if constexpr (requires { typename Traits::MlaConfig; }) {
+    // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call): the 256 config
+    // for every call of the bucket.
+    const bool off = env_is("FLASHATTN_CUDA_FWD_D192", "0");
+    if (!off && p.head_dim <= 192 && p.head_dim_v <= 128) {
+      launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      return;
+    }
+    if (!off && p.head_dim <= 192 && p.head_dim_v <= 192) {
+      launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
       return;
     }
   }

@@ -99,20 +99,26 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper forward kernel (fwd_sm90_tma_wgmma.cuh): block_m = 128 (192, 256) query
 // rows as two (three, four) consumer warpgroups of 64 rows (wgmma's M), one producer warpgroup issuing
-// TMA, and kStages K and V buffers. Shared memory = Q + 2 · kStages · block_n · head_dim · 2 bytes,
-// plus an O staging buffer of Q's size where that still fits in 227 KB (the persistent grid,
-// kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent, 160 with three
-// consumers, 112 with four): S = block_n / 2, P = block_n / 4, O = head_dim / 2, and with two consumers Q's A
+// TMA, and kStages K and V buffers. Shared memory = Q + kStages · block_n · (head_dim + head_dim_v) · 2
+// bytes, plus an O staging buffer (block_m · head_dim_v · 2) where that still fits in 227 KB (the
+// persistent grid, kPersistent). Registers per consumer thread (240 after setmaxnreg, 232 persistent,
+// 160 with three consumers, 112 with four): S = block_n / 2, P = block_n / 4, O = head_dim_v / 2, and with two consumers Q's A
 // fragments head_dim / 4 (kQInRegs), so block_n shrinks as head_dim grows (FA-3's tile_size.h makes
 // the same trade).
 //   hdim 64:  block_n 128, 3 stages, block_m 192 (three consumers of 160 registers): 144 KB with O;
 //             S 64 + P 32 + O 32 registers. Short sequences: block_n 64, 4 stages, block_m 256
 //             (four consumers of 112 registers): 128 KB with O; S 32 + P 16 + O 32.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
-//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128.
-template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0>
+//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128;
+//             head_dim <= 192 runs narrower configs (FwdSm90Traits<256> below).
+template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
+          int kHeadDimV_ = kHeadDim_>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
+  // head_dim_v's bucket (V's columns, O's): below head_dim in the MLA shape (head_dim 192,
+  // head_dim_v 128), where the 256 bucket would multiply and stage twice O's columns.
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static_assert(kHeadDimV <= kHeadDim && kHeadDimV % 64 == 0, "head_dim_v: whole 64-column panels, <= head_dim");
   static constexpr int kBlockM = kBlockM_;
   // Every kExp2PolyEvery-th pair of a row's exponentials on the FMA pipe (exp2_fma(), FA-4's
   // emulation) instead of MUFU; 0 = all on MUFU.
@@ -125,7 +131,7 @@ struct FwdSm90Config {
   // 128 for 512, 96 for 640 (scripts/gpu_check.sh build checks ptxas's report against these).
   static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
-  static constexpr int kOutBytes = kBlockM * kHeadDim * 2;  // out is 16-bit
+  static constexpr int kOutBytes = kBlockM * kHeadDimV * 2;  // out is 16-bit
   // S = Q Kᵀ with Q's A fragments in registers (head_dim / 4 per thread) instead of shared memory:
   // per key tile the two consumers then read 64 KB of operands for S instead of 96 KB, next to
   // P V's 64 KB and the ring's 64 KB of TMA writes, against 128 bytes per clock of shared memory
@@ -133,13 +139,14 @@ struct FwdSm90Config {
   // fragments spill. FP8 (head_dim 128 of one byte: 16 registers) needs it more, its products
   // running at twice the rate: 782 -> 843 TFLOP/s at seqlen 16384 (perf-notes).
   static constexpr bool kQInRegs = kHeadDim * kElemBytes <= 256 && kBlockM == 128;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;
+  static constexpr int kKBytes = kBlockN * kHeadDim * kElemBytes;
+  static constexpr int kVBytes = kBlockN * kHeadDimV * kElemBytes;
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
   // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
   // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
   // (The FP8 tile must have it: its Q tile is half the size of O.)
   static constexpr int kOBytes =
-      kQBytes + kOutBytes + 2 * kStages * kKVBytes + 256 + 1024 <= 227 * 1024 ? kOutBytes : 0;
+      kQBytes + kOutBytes + kStages * (kKBytes + kVBytes) + 256 + 1024 <= 227 * 1024 ? kOutBytes : 0;
   static_assert(kElemBytes == 2 || kOBytes > 0, "the FP8 forward stages O in a buffer of its own");
   static constexpr bool kPersistent = kOBytes > 0;
   // setmaxnreg split (sm90_utils.cuh; checked against kEntryRegs below and by
@@ -153,7 +160,7 @@ struct FwdSm90Config {
   static_assert(128 * (kEntryRegs - kProducerRegs) >= 128 * kConsumerWarpgroups * (kConsumerRegs - kEntryRegs),
                 "setmaxnreg: the consumers would wait for registers the producer never frees");
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes + 256 + 1024;
+  static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + kOBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
@@ -245,9 +252,19 @@ struct FwdSm90Traits<128> {
 struct FwdSm90Fp8Traits {
   using Config = FwdSm90Config<128, 128, 3, 128, 1, 4>;
 };
+// The 256 bucket (head_dim or head_dim_v 129-256) runs narrower configs where both head dims allow,
+// so that zero-filled columns are neither loaded nor multiplied (fwd_sm90_head_dims picks):
+//   Config (256 / 256): block_n 64, 2 stages, 192 KB, no O buffer; S 32 + P 16 + O 128 registers.
+//   D192Config (head_dim and head_dim_v <= 192): block_n 64, 2 stages, 144 KB + a 48 KB O buffer
+//     (persistent); S 32 + P 16 + O 96. Against the 256 config, 3/4 of the products.
+//   MlaConfig (head_dim <= 192, head_dim_v <= 128: DeepSeek's multi-head latent attention, FA-3's
+//     hdim 192 / hdimv 128): block_n 128, 2 stages of 48 KB K and 32 KB V, 208 KB, no O buffer;
+//     S 64 + P 32 + O 64. Against the 256 config, 5/8 of the products.
 template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 64, 2>;
+  using D192Config = FwdSm90Config<192, 64, 2, 128, 2, 0, 192>;
+  using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128>;
 };
 
 // Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the

@@ -189,6 +189,54 @@ std::vector<GpuCase> forward_cases() {
       add(c);
     }
     {
+      // The 256 bucket's narrower sm90 configs (fwd_traits.hpp): head_dim <= 192 with head_dim_v
+      // <= 128 (MLA's 192 / 128: block_n 128, V and O of 128 columns) and both <= 192 (block_n 64,
+      // persistent): GQA, both causal alignments, a window with softcap, ALiBi, zero-filled
+      // columns (head_dim 160, head_dim_v 96 / 40), varlen tiles that cross sequence ends (the V
+      // rows zeroed over head_dim_v's panels, out by per-thread stores), and the ring wrapping.
+      ProblemConfig c = base(dt, 2, 300, 520, 4, 2, 192);
+      c.head_dim_v = 128;
+      add(c);
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 520, 300, 2, 1, 192);
+      c.head_dim_v = 128;
+      c.causal = true;
+      c.align = CausalAlign::top_left;
+      add(c);
+      c = base(dt, 1, 400, 260, 2, 1, 192);
+      c.head_dim_v = 128;
+      c.window_size_left = 50;
+      c.window_size_right = 10;
+      c.softcap = 20.0f;
+      add(c);
+      c = base(dt, 2, 150, 170, 4, 2, 160);
+      c.head_dim_v = 96;
+      c.alibi = Alibi::per_batch_head;
+      add(c);
+      c.head_dim_v = 40;
+      c.causal = true;
+      add(c);
+      c = multi_tile_varlen(dt, 2, 2);
+      c.head_dim = 192;
+      c.head_dim_v = 128;
+      add(c);
+      c.causal = true;
+      add(c);
+      c.head_dim_v = 192;
+      add(c);
+      c = base(dt, 1, 1100, 700, 2, 2, 192);
+      add(c);
+      c.causal = true;
+      c.head_dim = 64;
+      c.head_dim_v = 160;
+      add(c);
+      c = base(dt, 1, 700, 1100, 2, 1, 192);
+      c.head_dim_v = 128;
+      c.with_lse = false;
+      add(c, GpuLayout::head_major);
+    }
+    {
       ProblemConfig c = base(dt, 2, 100, 140, 4, 2, 64);
       add(c, GpuLayout::padded);
       add(c, GpuLayout::head_major);
