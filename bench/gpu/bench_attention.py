@@ -362,7 +362,7 @@ def main():
         for (name, b, s, h, hk, d, dv) in shapes:
             for causal in causals:
                 q, k, v, do = make_inputs(b, s, h, hk, d, dtype, dv)
-                ref_out = None
+                ref_out, ref_impl = None, None
                 # The H200 runs power-capped (nvidia-smi: SW power cap, the SM clock 1755 of 1980 MHz
                 # under this load), so its clock drifts within a run: one kernel measured 416 and
                 # 462 us a few seconds apart. Timing each contender once, one after the other, lets
@@ -385,7 +385,7 @@ def main():
                         o = o if o.shape == do.shape else o.transpose(1, 2)
                         # (FA-2 takes no head_dim_v != head_dim: cuDNN's out is the reference there.)
                         if ref_out is None and (cname == "fa2" or cname == "cudnn" and d != dv):
-                            ref_out = o.float()
+                            ref_out, ref_impl = o.float(), cname
                         rec["out"] = o.float()
                         runs.append((cname, rec, fwd, bwd, [], []))
                     except Exception as e:
@@ -418,8 +418,11 @@ def main():
                 # Agreement with FA-2 (a sanity check, not the accuracy test: tests/cuda does that).
                 for rec in rows:
                     o = rec.pop("out", None)
-                    if o is not None and ref_out is not None and rec["impl"] != "fa2" and rec["shape"] == name:
+                    if o is not None and ref_out is not None and rec["impl"] != ref_impl and rec["shape"] == name:
+                        # (Field name kept from the runs before MLA: the reference is FA-2's out, or
+                        # cuDNN's where FA-2 takes no head_dim_v != head_dim; ref_impl says which.)
                         rec["max_rel_diff_vs_fa2"] = max_rel_err(o, ref_out)
+                        rec["ref_impl"] = ref_impl
                 del q, k, v, do, ref_out
                 line = [r for r in rows if r["shape"] == name and r["causal"] == causal and
                         r["dtype"] == str(dtype).replace("torch.", "")]

@@ -886,13 +886,11 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call): the 256 config
     // for every call of the bucket.
-    const bool off = env_is("FLASHATTN_CUDA_FWD_D192", "0");
-    if (!off && p.head_dim <= 192 && p.head_dim_v <= 128) {
-      launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
-      return;
-    }
-    if (!off && p.head_dim <= 192 && p.head_dim_v <= 192) {
-      launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+    if (p.head_dim <= 192 && p.head_dim_v <= 192 && !env_is("FLASHATTN_CUDA_FWD_D192", "0")) {
+      if (p.head_dim_v <= 128)
+        launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      else
+        launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
       return;
     }
   }

@@ -110,7 +110,7 @@ namespace flashattn::cuda {
 //             (four consumers of 112 registers): 128 KB with O; S 32 + P 16 + O 32.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
 //   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128;
-//             head_dim <= 192 runs narrower configs (FwdSm90Traits<256> below).
+//             head_dim and head_dim_v <= 192 run narrower configs (FwdSm90Traits<256> below).
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
           int kHeadDimV_ = kHeadDim_>
 struct FwdSm90Config {
@@ -119,6 +119,8 @@ struct FwdSm90Config {
   // head_dim_v 128), where the 256 bucket would multiply and stage twice O's columns.
   static constexpr int kHeadDimV = kHeadDimV_;
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % 64 == 0, "head_dim_v: whole 64-column panels, <= head_dim");
+  // (The FP8 forward's Vᵀ map, workspace and transpose are sized by kHeadDim: fwd_sm90_fp8.cu.)
+  static_assert(kElemBytes == 2 || kHeadDimV == kHeadDim, "FP8: head_dim_v = head_dim");
   static constexpr int kBlockM = kBlockM_;
   // Every kExp2PolyEvery-th pair of a row's exponentials on the FMA pipe (exp2_fma(), FA-4's
   // emulation) instead of MUFU; 0 = all on MUFU.
@@ -252,8 +254,9 @@ struct FwdSm90Traits<128> {
 struct FwdSm90Fp8Traits {
   using Config = FwdSm90Config<128, 128, 3, 128, 1, 4>;
 };
-// The 256 bucket (head_dim or head_dim_v 129-256) runs narrower configs where both head dims allow,
-// so that zero-filled columns are neither loaded nor multiplied (fwd_sm90_head_dims picks):
+// The 256 bucket (head_dim or head_dim_v above 128 when the 128 bucket is built) runs narrower
+// configs where both head dims allow, so that zero-filled columns are neither loaded nor multiplied
+// (launch_fwd_sm90 picks):
 //   Config (256 / 256): block_n 64, 2 stages, 192 KB, no O buffer; S 32 + P 16 + O 128 registers.
 //   D192Config (head_dim and head_dim_v <= 192): block_n 64, 2 stages, 144 KB + a 48 KB O buffer
 //     (persistent); S 32 + P 16 + O 96. Against the 256 config, 3/4 of the products.
