@@ -57,6 +57,11 @@ if [ "$mode" = build ]; then
   start=$(date +%s)
   nice -n 5 cmake --build build-gpu --target test_cuda flashattn_pytest_lib -j2 2>&1 | tee build-gpu/build.log |
     grep -E "error|FAILED" || true
+  # (A failed build leaves the previous binaries in place: carrying them would test old code.)
+  if grep -qE "^FAILED: |^ninja: build stopped" build-gpu/build.log; then
+    echo "gpu_check: build failed (build-gpu/build.log); build-gpu/dist left as it was"
+    exit 1
+  fi
   [ -x build-gpu/tests/cuda/test_cuda ] || { echo "gpu_check: build failed (build-gpu/build.log)"; exit 1; }
   echo "gpu_check: build took $(( $(date +%s) - start )) s"
   mkdir -p $DIST

@@ -119,14 +119,14 @@ struct FwdSm90Config {
   // head_dim_v 128), where the 256 bucket would multiply and stage twice O's columns.
   static constexpr int kHeadDimV = kHeadDimV_;
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % 64 == 0, "head_dim_v: whole 64-column panels, <= head_dim");
-  // (The FP8 forward's Vᵀ map, workspace and transpose are sized by kHeadDim: fwd_sm90_fp8.cu.)
-  static_assert(kElemBytes == 2 || kHeadDimV == kHeadDim, "FP8: head_dim_v = head_dim");
   static constexpr int kBlockM = kBlockM_;
   // Every kExp2PolyEvery-th pair of a row's exponentials on the FMA pipe (exp2_fma(), FA-4's
   // emulation) instead of MUFU; 0 = all on MUFU.
   static constexpr int kExp2PolyEvery = kExp2PolyEvery_;
   // 2 (fp16 / bf16), or 1 (e4m3: the FP8 forward, whose out is bf16 and whose V tiles are Vᵀ).
   static constexpr int kElemBytes = kElemBytes_;
+  // (The FP8 forward's Vᵀ map, workspace and transpose are sized by kHeadDim: fwd_sm90_fp8.cu.)
+  static_assert(kElemBytes == 2 || kHeadDimV == kHeadDim, "FP8: head_dim_v = head_dim");
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Registers every thread starts with under __launch_bounds__(kThreads, 1): 168 for 384 threads,
