@@ -270,6 +270,17 @@ struct FwdSm90Traits<256> {
   using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128>;
 };
 
+// Which of the 256 bucket's configs runs a call (launch_fwd_sm90): the narrowest whose head dims
+// hold both of the call's. `narrow` false (FLASHATTN_CUDA_FWD_D192=0, testing) keeps the 256 one.
+// Host code, tested without a GPU (tests/cuda/test_cuda_fwd_tiles.cpp).
+enum class Fwd256Tile { d256, d192, mla };
+inline Fwd256Tile fwd_256_tile(int64_t head_dim, int64_t head_dim_v, bool narrow = true) {
+  using T = FwdSm90Traits<256>;
+  if (!narrow || head_dim > T::D192Config::kHeadDim || head_dim_v > T::D192Config::kHeadDimV) return Fwd256Tile::d256;
+  if (head_dim <= T::MlaConfig::kHeadDim && head_dim_v <= T::MlaConfig::kHeadDimV) return Fwd256Tile::mla;
+  return Fwd256Tile::d192;
+}
+
 // Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the
 // generated fwd_sm90_<dtype>_hdim<d>.cu. `rows_q` / `rows_k` are the rows of the q and k tensors
 // (seqlen, or the packed totals when varlen): they bound the TMA tensor maps.

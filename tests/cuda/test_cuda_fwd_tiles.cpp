@@ -2,7 +2,8 @@
 // src/cuda/fwd_traits.hpp), checked on the host: the GPU tests' shapes are too small to reach it
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
 // is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
-// every (row, key) pair. Runs without a GPU.
+// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take
+// (fwd_256_tile). Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -43,6 +44,24 @@ TEST(CudaFwdTiles, FewTilesKeepTheSmallerTile) {
   // Where the 192-row tiles need a second wave and the 256-row ones do not, the larger tile wins.
   EXPECT_TRUE(pays(1024, 23));  // 92 (one wave) against 138 (two)
   EXPECT_TRUE(pays(512, 66));   // 132 against 198
+}
+
+TEST(CudaFwdTiles, The256BucketTakesTheNarrowestConfig) {
+  // MLA's head_dim 192 / head_dim_v 128 and anything inside it (head_dim 160 / 96, 136 / 40).
+  EXPECT_EQ(fwd_256_tile(192, 128), Fwd256Tile::mla);
+  EXPECT_EQ(fwd_256_tile(160, 96), Fwd256Tile::mla);
+  EXPECT_EQ(fwd_256_tile(136, 40), Fwd256Tile::mla);
+  // Both within 192, head_dim_v above 128 (head_dim_v > head_dim too: 64 / 160).
+  EXPECT_EQ(fwd_256_tile(192, 192), Fwd256Tile::d192);
+  EXPECT_EQ(fwd_256_tile(64, 160), Fwd256Tile::d192);
+  EXPECT_EQ(fwd_256_tile(192, 136), Fwd256Tile::d192);
+  // Either above 192: the 256 config (200 / 100: head_dim_v alone would fit MLA's).
+  EXPECT_EQ(fwd_256_tile(200, 100), Fwd256Tile::d256);
+  EXPECT_EQ(fwd_256_tile(128, 200), Fwd256Tile::d256);
+  EXPECT_EQ(fwd_256_tile(256, 256), Fwd256Tile::d256);
+  // The testing switch keeps the 256 config.
+  EXPECT_EQ(fwd_256_tile(192, 128, false), Fwd256Tile::d256);
+  EXPECT_EQ(fwd_256_tile(192, 192, false), Fwd256Tile::d256);
 }
 
 TEST(CudaFwdTiles, DegenerateInputs) {
