@@ -17,6 +17,17 @@
 
 #include "cpu/simd.hpp"
 
+// Builds without AVX-512 (a portable build's target_clones, or -march=x86-64-v3) carry an AVX2 + FMA
+// version of the products below, in intrinsics under a target attribute, chosen at run time when
+// the CPU has AVX2 and FMA but not AVX-512: the generic vector code's clones kept their
+// accumulators in memory there (GCC: 64-byte and even 32-byte generic vectors of a baseline
+// translation unit, inlined into an x86-64-v3 clone; perf-notes, CPU section, session 31), and the
+// AVX2 forward ran at 3.5 GFLOP/s on 2 threads.
+#if !defined(__AVX512F__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FLASHATTN_CPU_AVX2_GEMM 1
+#include <immintrin.h>
+#endif
+
 namespace flashattn::cpu::gemm {
 
 enum class Op {
@@ -104,6 +115,97 @@ struct NoHook {
   void operator()(int64_t, int64_t) const {}
 };
 
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+namespace avx2 {
+
+#define FLASHATTN_AVX2 __attribute__((target("avx2,fma")))
+
+// R rows x 2 ymm registers (one 16-lane vector): 12 accumulators of AVX2's 16 registers at R = 6,
+// next to the 2 loads of B and a broadcast of A per step.
+inline constexpr int kR = 6;
+
+template <int R, Op op>
+FLASHATTN_AVX2 inline void micro_kernel(const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs,
+                                        int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < depth; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b + k * b_rs), b1 = _mm256_loadu_ps(b + k * b_rs + 8);
+    const float* ak = a + k * a_ks;
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(ak + r * a_rs);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      float* cp = c + r * c_rs + 8 * j;
+      if constexpr (op == Op::store) {
+        _mm256_storeu_ps(cp, acc[r][j]);
+      } else if constexpr (op == Op::add) {
+        _mm256_storeu_ps(cp, _mm256_add_ps(_mm256_loadu_ps(cp), acc[r][j]));
+      } else {
+        _mm256_storeu_ps(cp, _mm256_fmadd_ps(_mm256_loadu_ps(scale + 8 * j), _mm256_loadu_ps(cp), acc[r][j]));
+      }
+    }
+  }
+}
+
+template <Op op, int R = kR>
+FLASHATTN_AVX2 inline void tail_rows(int64_t left, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                                     int64_t b_rs, int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  if constexpr (R > 1) {
+    if (left == R - 1) {
+      micro_kernel<R - 1, op>(a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+      return;
+    }
+    tail_rows<op, R - 1>(left, a, a_rs, a_ks, b, b_rs, depth, c, c_rs, scale);
+  }
+}
+
+// gemm() below for AVX2: one 16-lane vector of columns per panel, row blocks of kR.
+template <Op op, class Hook>
+FLASHATTN_AVX2 void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int64_t a_rs, int64_t a_ks,
+                         const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale, const Hook& hook) {
+  const int64_t vecs = lanes / simd::kLanes, blocks = (rows + kR - 1) / kR;
+  int64_t step = 0;
+  for (int64_t v = 0; v < vecs; ++v) {
+    const int64_t off = v * simd::kLanes;
+    const float* sc = scale ? scale + off : nullptr;
+    int64_t r = 0;
+    for (; r + kR <= rows; r += kR) {
+      hook(step++, vecs * blocks);
+      micro_kernel<kR, op>(a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
+    }
+    if (r < rows) {
+      hook(step++, vecs * blocks);
+      tail_rows<op>(rows - r, a + r * a_rs, a_rs, a_ks, b + off, b_rs, depth, c + r * c_rs + off, c_rs, sc);
+    }
+  }
+}
+
+#undef FLASHATTN_AVX2
+
+// Whether this CPU takes the AVX2 products: AVX2 and FMA, and no AVX-512 (whose clone runs the
+// generic 16-lane code well). FLASHATTN_CPU_NO_CLONES builds (one -march version) take them
+// wherever the CPU has AVX2 and FMA.
+inline bool use() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#if defined(FLASHATTN_CPU_NO_CLONES) || !defined(__GNUC__) || defined(__clang__) || __GNUC__ < 12
+    return avx2;
+#else
+    return avx2 && !__builtin_cpu_supports("avx512f");
+#endif
+  }();
+  return yes;
+}
+
+}  // namespace avx2
+#endif
+
 // C (rows x lanes, row stride c_rs) op= A (rows x depth, strides a_rs, a_ks) · B (depth x lanes,
 // row stride b_rs). lanes must be a multiple of 16; scale (lanes floats) is read only for Op::scale.
 // Lane panels run in the outer loop so that a B panel (depth x kC vectors) stays in L1 while
@@ -113,6 +215,12 @@ template <Op op, class Hook = NoHook>
 inline void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int64_t a_rs, int64_t a_ks,
                  const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr,
                  const Hook& hook = Hook()) {
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+  if (avx2::use()) {
+    avx2::gemm<op>(rows, lanes, depth, a, a_rs, a_ks, b, b_rs, c, c_rs, scale, hook);
+    return;
+  }
+#endif
   const int64_t vecs = lanes / simd::kLanes;
   const int64_t panels = (vecs + kC - 1) / kC, blocks = (rows + kR - 1) / kR;
   int64_t step = 0;

@@ -80,6 +80,8 @@ inline V16 exp2(V16 x) {
 typedef float V16 __attribute__((vector_size(64)));
 inline V16 load(const float* p) { V16 v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, V16 x) { std::memcpy(p, &x, sizeof x); }
+// (Braces, not V16{} + s: that compiled to 16 scalar stores where 64-byte vectors are no machine
+// type, in the AVX2 clone; and it turned -0 into +0.)
 inline V16 bcast(float s) { return V16{} + s; }
 inline V16 zero() { return V16{}; }
 inline V16 fmadd(V16 a, V16 b, V16 c) { return a * b + c; }
@@ -124,8 +126,10 @@ inline V16 exp2(V16 x) {
 // baseline-compiled V16 helpers, which take and return 64-byte vectors in memory where the clone
 // passes them in zmm registers (a review found the backward crashing there; -Wpsabi, silenced
 // above, is the warning for it).
+// FLASHATTN_CPU_NO_CLONES (testing: CI builds the CPU tests for x86-64-v3 with it) compiles one
+// version for the -march given, so that a machine with AVX-512 runs the AVX2 code too.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX512F__) && \
-    defined(__OPTIMIZE__)
+    defined(__OPTIMIZE__) && !defined(FLASHATTN_CPU_NO_CLONES)
 #define FLASHATTN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
 #define FLASHATTN_CPU_CLONES
