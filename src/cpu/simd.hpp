@@ -80,8 +80,9 @@ inline V16 exp2(V16 x) {
 typedef float V16 __attribute__((vector_size(64)));
 inline V16 load(const float* p) { V16 v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, V16 x) { std::memcpy(p, &x, sizeof x); }
-// (Braces, not V16{} + s: that compiled to 16 scalar stores where 64-byte vectors are no machine
-// type, in the AVX2 clone; and it turned -0 into +0.)
+// (V16{} + s turns -0 into +0, harmless here. In the AVX2 clone it compiles to 16 scalar stores,
+// but the form in braces, one vbroadcastss there, made the AVX-512 clone 8x slower: perf-notes,
+// CPU section, session 31.)
 inline V16 bcast(float s) { return V16{} + s; }
 inline V16 zero() { return V16{}; }
 inline V16 fmadd(V16 a, V16 b, V16 c) { return a * b + c; }
