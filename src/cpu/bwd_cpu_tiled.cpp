@@ -128,6 +128,37 @@ void compute_delta(const detail::Params& p, int threads, std::vector<float>& del
 
 // dK, dV of block_n keys of one KV head, summed over the query heads of its group, and their
 // contribution to dQ added into dq_acc ([group head][query row][round_up(head_dim, 16)]).
+// P = exp2(min(0, S − lse) · log2e) over rows of n values, one lse per row (why the clamp at 0:
+// bwd_item, where it is called).
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+FLASHATTN_AVX2 void exp_rows_avx2(float* s, int64_t rows, int64_t n, const float* lse) {
+  const __m256 log2e = _mm256_set1_ps(kLog2e), zero = _mm256_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m256 lse_r = _mm256_set1_ps(lse[r]);
+    float* row = s + r * n;
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256 x = _mm256_min_ps(zero, _mm256_sub_ps(_mm256_loadu_ps(row + j), lse_r));  // NaN (second) stays NaN
+      _mm256_storeu_ps(row + j, simd::avx2::exp2(_mm256_mul_ps(x, log2e)));
+    }
+  }
+}
+#endif
+
+inline void exp_rows(float* s, int64_t rows, int64_t n, const float* lse) {
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+  if (simd::avx2::use()) return exp_rows_avx2(s, rows, n, lse);
+#endif
+  const V16 log2e = simd::bcast(kLog2e), zero = simd::zero();
+  for (int64_t r = 0; r < rows; ++r) {
+    const V16 lse_r = simd::bcast(lse[r]);
+    float* row = s + r * n;
+    for (int64_t j = 0; j < n; j += simd::kLanes) {
+      const V16 x = simd::min(zero, simd::sub(simd::load(row + j), lse_r));  // NaN (second) stays NaN
+      simd::store(row + j, simd::exp2(simd::mul(x, log2e)));
+    }
+  }
+}
+
 FLASHATTN_CPU_CLONES void bwd_item(const detail::Params& p, const TileShape& ts, const WorkItem& it, const std::vector<float>& delta,
               float* dq_acc, BwdScratch& w) {
   const int64_t d = p.head_dim, dv = p.head_dim_v, bm = ts.block_m;
@@ -191,15 +222,7 @@ FLASHATTN_CPU_CLONES void bwd_item(const detail::Params& p, const TileShape& ts,
       // key lose their relative accuracy (P off by up to e^±4) but never blow up.
       gemm::gemm<gemm::Op::store>(mr, np, d, w.qa.data(), dp16, 1, w.ka.data(), np, w.s.data(), np, nullptr, next);
       finish_natural(p, sq, sp, m0, mr, n0, nc, np, w.s.data(), t, !tile_fully_visible(p, sq, m0, mr, n0, nc));
-      const V16 log2e = simd::bcast(kLog2e), zero = simd::zero();
-      for (int64_t r = 0; r < mr; ++r) {
-        const V16 lse_r = simd::bcast(w.lse[r]);
-        float* row = w.s.data() + r * np;
-        for (int64_t j = 0; j < np; j += simd::kLanes) {
-          const V16 x = simd::min(zero, simd::sub(simd::load(row + j), lse_r));  // NaN (second) stays NaN
-          simd::store(row + j, simd::exp2(simd::mul(x, log2e)));
-        }
-      }
+      exp_rows(w.s.data(), mr, np, w.lse.data());
       // dV += Pᵀ dO, dP = dO Vᵀ, dS, dK += dSᵀ Q.
       gemm::gemm<gemm::Op::add>(nc, dv16, mr, w.s.data(), 1, np, w.qb.data(), dv16, dvacc, dv16);
       gemm::gemm<gemm::Op::store>(mr, np, dv, w.qb.data(), dv16, 1, w.kb.data(), np, w.dp.data(), np);

@@ -54,7 +54,36 @@ struct FwdScratch {
 // NaN, and stay NaN through every later alpha. Such a row ends with out and lse NaN, as the
 // materialized softmax (and PyTorch) gives. A −inf score from finite inputs gets P = 0 like a
 // masked key (a row whose scores are all −inf ends as a row that saw no key).
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+// online_softmax below in AVX2 intrinsics, 8 lanes at a time (simd.hpp: why).
+FLASHATTN_AVX2 void online_softmax_avx2(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
+  const __m256 log2e = _mm256_set1_ps(kLog2e), zero = _mm256_setzero_ps();
+  const __m256 neg_inf = _mm256_set1_ps(simd::kNegInf);
+  for (int64_t c = 0; c < w; c += 8) {
+    // (max(a, b) as simd::max: the second operand where either is NaN.)
+    __m256 mx = neg_inf;
+    for (int64_t r = 0; r < nc; ++r) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + r * ld + c));
+    const __m256 m_old = _mm256_loadu_ps(m + c);
+    const __m256 m_new = _mm256_max_ps(m_old, mx);
+    const __m256 m_sub = _mm256_blendv_ps(m_new, zero, _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
+    const __m256 a = simd::avx2::exp2(_mm256_mul_ps(_mm256_sub_ps(m_old, m_sub), log2e));
+    __m256 sum = zero;
+    for (int64_t r = 0; r < nc; ++r) {
+      const __m256 e = simd::avx2::exp2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(st + r * ld + c), m_sub), log2e));
+      _mm256_storeu_ps(st + r * ld + c, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_storeu_ps(m + c, m_new);
+    _mm256_storeu_ps(alpha + c, a);
+    _mm256_storeu_ps(l + c, _mm256_fmadd_ps(a, _mm256_loadu_ps(l + c), sum));
+  }
+}
+#endif
+
 void online_softmax(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
+#ifdef FLASHATTN_CPU_AVX2_GEMM
+  if (simd::avx2::use()) return online_softmax_avx2(st, nc, w, ld, m, l, alpha);
+#endif
   const V16 log2e = simd::bcast(kLog2e);
   for (int64_t c = 0; c < w; c += simd::kLanes) {
     V16 mx = simd::bcast(simd::kNegInf);

@@ -23,10 +23,6 @@
 // accumulators in memory there (GCC: 64-byte and even 32-byte generic vectors of a baseline
 // translation unit, inlined into an x86-64-v3 clone; perf-notes, CPU section, session 31), and the
 // AVX2 forward ran at 3.5 GFLOP/s on 2 threads.
-#if !defined(__AVX512F__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FLASHATTN_CPU_AVX2_GEMM 1
-#include <immintrin.h>
-#endif
 
 namespace flashattn::cpu::gemm {
 
@@ -116,9 +112,8 @@ struct NoHook {
 };
 
 #ifdef FLASHATTN_CPU_AVX2_GEMM
+// (FLASHATTN_AVX2, simd::avx2::use(): simd.hpp.)
 namespace avx2 {
-
-#define FLASHATTN_AVX2 __attribute__((target("avx2,fma")))
 
 // R rows x 2 ymm registers (one 16-lane vector): 12 accumulators of AVX2's 16 registers at R = 6,
 // next to the 2 loads of B and a broadcast of A per step.
@@ -185,24 +180,6 @@ FLASHATTN_AVX2 void gemm(int64_t rows, int64_t lanes, int64_t depth, const float
   }
 }
 
-#undef FLASHATTN_AVX2
-
-// Whether this CPU takes the AVX2 products: AVX2 and FMA, and no AVX-512 (whose clone runs the
-// generic 16-lane code well). FLASHATTN_CPU_NO_CLONES builds (one -march version) take them
-// wherever the CPU has AVX2 and FMA.
-inline bool use() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#if defined(FLASHATTN_CPU_NO_CLONES) || !defined(__GNUC__) || defined(__clang__) || __GNUC__ < 12
-    return avx2;
-#else
-    return avx2 && !__builtin_cpu_supports("avx512f");
-#endif
-  }();
-  return yes;
-}
-
 }  // namespace avx2
 #endif
 
@@ -216,7 +193,7 @@ inline void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int
                  const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr,
                  const Hook& hook = Hook()) {
 #ifdef FLASHATTN_CPU_AVX2_GEMM
-  if (avx2::use()) {
+  if (simd::avx2::use()) {
     avx2::gemm<op>(rows, lanes, depth, a, a_rs, a_ks, b, b_rs, c, c_rs, scale, hook);
     return;
   }

@@ -117,6 +117,58 @@ inline V16 exp2(V16 x) {
 }
 #endif
 
+// AVX2 + FMA versions of the hot loops for CPUs without AVX-512, in intrinsics under a target
+// attribute (gemm_kernel.hpp's products, the softmax rows of fwd_cpu_tiled.cpp and
+// bwd_cpu_tiled.cpp), chosen at run time by avx2::use(): the generic vector code's clones kept
+// their vectors in memory there (GCC: 64-byte and even 32-byte generic vectors of a baseline
+// translation unit, inlined into an x86-64-v3 clone; perf-notes, CPU section, session 31), and the
+// AVX2 backend ran at 3.5 GFLOP/s on 2 threads.
+#if !defined(__AVX512F__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FLASHATTN_CPU_AVX2_GEMM 1
+}  // namespace flashattn::cpu::simd
+#include <immintrin.h>
+namespace flashattn::cpu::simd::avx2 {
+
+#define FLASHATTN_AVX2 __attribute__((target("avx2,fma")))
+
+// The generic exp2 above, 8 lanes: the same clamps, rounding, polynomial and two-factor scaling.
+FLASHATTN_AVX2 inline __m256 exp2(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kExp2Min), _CMP_NLT_UQ);  // x >= kExp2Min or NaN
+  x = _mm256_min_ps(_mm256_set1_ps(128.0f), x);    // NaN is the second operand: it stays NaN
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);   // (those lanes are zeroed)
+  const __m256 big = _mm256_set1_ps(12582912.0f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(x, big), big);
+  const __m256 r = _mm256_sub_ps(x, n);
+  __m256 y = _mm256_set1_ps(kExp2C[7]);
+  for (int c = 6; c >= 0; --c) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp2C[c]));
+  const __m256 n0 = _mm256_and_ps(n, _mm256_cmp_ps(n, n, _CMP_ORD_Q));  // NaN lanes convert 0
+  const __m256i ni = _mm256_cvttps_epi32(n0), lo = _mm256_srai_epi32(ni, 1);
+  const __m256i e = _mm256_set1_epi32(127);
+  const __m256 p_lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(lo, e), 23));
+  const __m256 p_hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, lo), e), 23));
+  return _mm256_and_ps(keep, _mm256_mul_ps(_mm256_mul_ps(y, p_lo), p_hi));
+}
+
+// Whether this CPU takes the AVX2 products: AVX2 and FMA, and no AVX-512 (whose clone runs the
+// generic 16-lane code well). FLASHATTN_CPU_NO_CLONES builds (one -march version) take them
+// wherever the CPU has AVX2 and FMA.
+inline bool use() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#if defined(FLASHATTN_CPU_NO_CLONES) || !defined(__GNUC__) || defined(__clang__) || __GNUC__ < 12
+    return avx2;
+#else
+    return avx2 && !__builtin_cpu_supports("avx512f");
+#endif
+  }();
+  return yes;
+}
+
+}  // namespace flashattn::cpu::simd::avx2
+namespace flashattn::cpu::simd {
+#endif
+
 // Hot per-item functions of a portable build (FLASHATTN_NATIVE=OFF, so not compiled for AVX-512)
 // are cloned for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 + FMA) next to the baseline and picked
 // at load time by the CPU (GCC's target_clones); flatten inlines the products and the softmax
