@@ -130,7 +130,7 @@ void compute_delta(const detail::Params& p, int threads, std::vector<float>& del
 // contribution to dQ added into dq_acc ([group head][query row][round_up(head_dim, 16)]).
 // P = exp2(min(0, S − lse) · log2e) over rows of n values, one lse per row (why the clamp at 0:
 // bwd_item, where it is called).
-#ifdef FLASHATTN_CPU_AVX2_GEMM
+#ifdef FLASHATTN_CPU_AVX2
 FLASHATTN_AVX2 void exp_rows_avx2(float* s, int64_t rows, int64_t n, const float* lse) {
   const __m256 log2e = _mm256_set1_ps(kLog2e), zero = _mm256_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
@@ -145,7 +145,7 @@ FLASHATTN_AVX2 void exp_rows_avx2(float* s, int64_t rows, int64_t n, const float
 #endif
 
 inline void exp_rows(float* s, int64_t rows, int64_t n, const float* lse) {
-#ifdef FLASHATTN_CPU_AVX2_GEMM
+#ifdef FLASHATTN_CPU_AVX2
   if (simd::avx2::use()) return exp_rows_avx2(s, rows, n, lse);
 #endif
   const V16 log2e = simd::bcast(kLog2e), zero = simd::zero();

@@ -54,7 +54,7 @@ struct FwdScratch {
 // NaN, and stay NaN through every later alpha. Such a row ends with out and lse NaN, as the
 // materialized softmax (and PyTorch) gives. A −inf score from finite inputs gets P = 0 like a
 // masked key (a row whose scores are all −inf ends as a row that saw no key).
-#ifdef FLASHATTN_CPU_AVX2_GEMM
+#ifdef FLASHATTN_CPU_AVX2
 // online_softmax below in AVX2 intrinsics, 8 lanes at a time (simd.hpp: why).
 FLASHATTN_AVX2 void online_softmax_avx2(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
   const __m256 log2e = _mm256_set1_ps(kLog2e), zero = _mm256_setzero_ps();
@@ -81,7 +81,7 @@ FLASHATTN_AVX2 void online_softmax_avx2(float* st, int64_t nc, int64_t w, int64_
 #endif
 
 void online_softmax(float* st, int64_t nc, int64_t w, int64_t ld, float* m, float* l, float* alpha) {
-#ifdef FLASHATTN_CPU_AVX2_GEMM
+#ifdef FLASHATTN_CPU_AVX2
   if (simd::avx2::use()) return online_softmax_avx2(st, nc, w, ld, m, l, alpha);
 #endif
   const V16 log2e = simd::bcast(kLog2e);

@@ -17,12 +17,8 @@
 
 #include "cpu/simd.hpp"
 
-// Builds without AVX-512 (a portable build's target_clones, or -march=x86-64-v3) carry an AVX2 + FMA
-// version of the products below, in intrinsics under a target attribute, chosen at run time when
-// the CPU has AVX2 and FMA but not AVX-512: the generic vector code's clones kept their
-// accumulators in memory there (GCC: 64-byte and even 32-byte generic vectors of a baseline
-// translation unit, inlined into an x86-64-v3 clone; perf-notes, CPU section, session 31), and the
-// AVX2 forward ran at 3.5 GFLOP/s on 2 threads.
+// Builds without AVX-512 also carry an AVX2 + FMA version of the products (avx2:: below; why and
+// when it runs: simd.hpp, FLASHATTN_CPU_AVX2).
 
 namespace flashattn::cpu::gemm {
 
@@ -111,8 +107,7 @@ struct NoHook {
   void operator()(int64_t, int64_t) const {}
 };
 
-#ifdef FLASHATTN_CPU_AVX2_GEMM
-// (FLASHATTN_AVX2, simd::avx2::use(): simd.hpp.)
+#ifdef FLASHATTN_CPU_AVX2
 namespace avx2 {
 
 // R rows x 2 ymm registers (one 16-lane vector): 12 accumulators of AVX2's 16 registers at R = 6,
@@ -192,7 +187,7 @@ template <Op op, class Hook = NoHook>
 inline void gemm(int64_t rows, int64_t lanes, int64_t depth, const float* a, int64_t a_rs, int64_t a_ks,
                  const float* b, int64_t b_rs, float* c, int64_t c_rs, const float* scale = nullptr,
                  const Hook& hook = Hook()) {
-#ifdef FLASHATTN_CPU_AVX2_GEMM
+#ifdef FLASHATTN_CPU_AVX2
   if (simd::avx2::use()) {
     avx2::gemm<op>(rows, lanes, depth, a, a_rs, a_ks, b, b_rs, c, c_rs, scale, hook);
     return;

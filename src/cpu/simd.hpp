@@ -117,6 +117,26 @@ inline V16 exp2(V16 x) {
 }
 #endif
 
+// Hot per-item functions of a portable build (FLASHATTN_NATIVE=OFF, so not compiled for AVX-512)
+// are cloned for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 + FMA) next to the baseline and picked
+// at load time by the CPU (GCC's target_clones); flatten inlines the products and the softmax
+// into each clone. A portable build ran the forward at 2-5 GFLOP/s on this AVX-512 machine (the
+// 16-accumulator product on SSE registers), the native one at ~200. Clang (no target_clones
+// with flatten), GCC before 12 (no arch=x86-64-vN there), native builds and unoptimized ones
+// compile one version: at -O0 flatten inlines nothing, and the AVX-512 clone then called the
+// baseline-compiled V16 helpers, which take and return 64-byte vectors in memory where the clone
+// passes them in zmm registers (a review found the backward crashing there; -Wpsabi, silenced
+// above, is the warning for it).
+// FLASHATTN_CPU_NO_CLONES (testing: CI builds the CPU tests for x86-64-v3 with it) compiles one
+// version for the -march given, so that a machine with AVX-512 runs the AVX2 code too.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX512F__) && \
+    defined(__OPTIMIZE__) && !defined(FLASHATTN_CPU_NO_CLONES)
+#define FLASHATTN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
+#define FLASHATTN_CPU_CLONED 1  // (avx2::use() below)
+#else
+#define FLASHATTN_CPU_CLONES
+#endif
+
 // AVX2 + FMA versions of the hot loops for CPUs without AVX-512, in intrinsics under a target
 // attribute (gemm_kernel.hpp's products, the softmax rows of fwd_cpu_tiled.cpp and
 // bwd_cpu_tiled.cpp), chosen at run time by avx2::use(): the generic vector code's clones kept
@@ -124,7 +144,7 @@ inline V16 exp2(V16 x) {
 // translation unit, inlined into an x86-64-v3 clone; perf-notes, CPU section, session 31), and the
 // AVX2 backend ran at 3.5 GFLOP/s on 2 threads.
 #if !defined(__AVX512F__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FLASHATTN_CPU_AVX2_GEMM 1
+#define FLASHATTN_CPU_AVX2 1
 }  // namespace flashattn::cpu::simd
 #include <immintrin.h>
 namespace flashattn::cpu::simd::avx2 {
@@ -149,17 +169,18 @@ FLASHATTN_AVX2 inline __m256 exp2(__m256 x) {
   return _mm256_and_ps(keep, _mm256_mul_ps(_mm256_mul_ps(y, p_lo), p_hi));
 }
 
-// Whether this CPU takes the AVX2 products: AVX2 and FMA, and no AVX-512 (whose clone runs the
-// generic 16-lane code well). FLASHATTN_CPU_NO_CLONES builds (one -march version) take them
-// wherever the CPU has AVX2 and FMA.
+// Whether this CPU takes the AVX2 versions: AVX2 and FMA, and, where the per-item functions are
+// cloned (FLASHATTN_CPU_CLONED above), no AVX-512, whose clone runs the generic 16-lane code well.
+// A build of one version (FLASHATTN_CPU_NO_CLONES, Clang, older GCC, -O0) takes them wherever the
+// CPU has AVX2 and FMA.
 inline bool use() {
   static const bool yes = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#if defined(FLASHATTN_CPU_NO_CLONES) || !defined(__GNUC__) || defined(__clang__) || __GNUC__ < 12
-    return avx2;
-#else
+#ifdef FLASHATTN_CPU_CLONED
     return avx2 && !__builtin_cpu_supports("avx512f");
+#else
+    return avx2;
 #endif
   }();
   return yes;
@@ -169,24 +190,6 @@ inline bool use() {
 namespace flashattn::cpu::simd {
 #endif
 
-// Hot per-item functions of a portable build (FLASHATTN_NATIVE=OFF, so not compiled for AVX-512)
-// are cloned for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 + FMA) next to the baseline and picked
-// at load time by the CPU (GCC's target_clones); flatten inlines the products and the softmax
-// into each clone. A portable build ran the forward at 2-5 GFLOP/s on this AVX-512 machine (the
-// 16-accumulator product on SSE registers), the native one at ~200. Clang (no target_clones
-// with flatten), GCC before 12 (no arch=x86-64-vN there), native builds and unoptimized ones
-// compile one version: at -O0 flatten inlines nothing, and the AVX-512 clone then called the
-// baseline-compiled V16 helpers, which take and return 64-byte vectors in memory where the clone
-// passes them in zmm registers (a review found the backward crashing there; -Wpsabi, silenced
-// above, is the warning for it).
-// FLASHATTN_CPU_NO_CLONES (testing: CI builds the CPU tests for x86-64-v3 with it) compiles one
-// version for the -march given, so that a machine with AVX-512 runs the AVX2 code too.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX512F__) && \
-    defined(__OPTIMIZE__) && !defined(FLASHATTN_CPU_NO_CLONES)
-#define FLASHATTN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
-#else
-#define FLASHATTN_CPU_CLONES
-#endif
 
 // dst[j] = mult * float(src[j]) for a row of n elements of dtype dt.
 inline void load_row(DType dt, const void* src, float* dst, int64_t n, float mult) {

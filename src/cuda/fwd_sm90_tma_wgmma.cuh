@@ -884,10 +884,9 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
     }
   }
   if constexpr (requires { typename Traits::MlaConfig; }) {
-    // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, and only where a
-    // narrower config would run): the 256 config for every call of the bucket.
-    const bool narrow = fwd_256_tile(p.head_dim, p.head_dim_v) != Fwd256Tile::d256;
-    switch (fwd_256_tile(p.head_dim, p.head_dim_v, narrow && !env_is("FLASHATTN_CUDA_FWD_D192", "0"))) {
+    // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as
+    // FLASHATTN_CUDA_FWD is): the 256 config for every call of the bucket.
+    switch (fwd_256_tile(p.head_dim, p.head_dim_v, !env_is("FLASHATTN_CUDA_FWD_D192", "0"))) {
       case Fwd256Tile::mla:
         launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
