@@ -260,9 +260,15 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
-  bp.dq_accum_cols = use_sm90 ? bwd_sm80_head_dim_bucket(p) : 0;
-  const int64_t accum_count = p.deterministic ? 0 : stat_count * dq_accum_row_floats(bp);
   const int bucket = bwd_sm80_head_dim_bucket(p);
+  // In the 256 bucket, the head-dim-split kernel's config sets them (narrower for head_dim <= 192:
+  // bwd_256_tile; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read at every call for A/B runs).
+  bp.dq_accum_cols = !use_sm90                      ? 0
+                     : !bwd_sm90_dsplit_bucket(bucket) ? bucket
+                                                       : bwd_256_tile_cols(bwd_256_tile(
+                                                             p.head_dim, p.head_dim_v,
+                                                             !env_is("FLASHATTN_CUDA_BWD_D192", "0")));
+  const int64_t accum_count = p.deterministic ? 0 : stat_count * dq_accum_row_floats(bp);
   // The Hopper dK/dV kernel's split tail (bwd_sm90_tma_wgmma.cuh, grid_order.hpp
   // bwd_split_tail_blocks): where every block costs the same (no mask, no varlen lengths), the last
   // partial wave's blocks run as kBwdSplitParts parts. FLASHATTN_CUDA_BWD_SPLIT_TAIL=0 never splits,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/grid_order.hpp"
+#include "cuda/host_device.hpp"
 
 namespace flashattn::cuda {
 
@@ -89,12 +90,12 @@ inline BwdParams with_block_order(BwdParams p, int64_t pairs, int64_t tiles, int
 }
 
 // Floats per query row of the dq accumulator (see BwdParams): its tile columns, or head_dim.
-__host__ __device__ inline int dq_accum_row_floats(const BwdParams& p) {
+FLASHATTN_HOST_DEVICE inline int dq_accum_row_floats(const BwdParams& p) {
   return p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim;
 }
 
 // Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams).
-__host__ __device__ inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
+FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
   if (p.dq_accum_cols == 0) return row * p.head_dim + col;
   const int64_t tile = (row / 64) * (p.dq_accum_cols / 64) + col / 64;
   const int r = int(row % 64), c = col % 64;
@@ -218,33 +219,71 @@ void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* s
 
 // Tile shapes of the Hopper backward whose consumers split the head dimension
 // (bwd_sm90_dsplit.cuh), for head_dim bucket 256: one consumer owning 64 keys of dK and dV would
-// need 256 accumulator registers, so each owns half of their columns (64 + 64 registers) for all
-// 64 keys of the block, and Pᵀ / dSᵀ go between the two through shared memory. block_n = 64 keys
-// resident, block_m = 64 query rows per step in kStages TMA buffers of Q and dO; a step's dQ is
-// staged in the step's own Q / dO buffers once its products are done (each consumer in the half of
-// the columns it alone reads), which is what makes two stages fit:
-//   smem 32 + 32 (K, V) + 2 · (32 + 32) (Q, dO) + 2 · 8 (Pᵀ) + 8 (dSᵀ) + 8 (1 − tanh², softcap) + 1 (statistics) ≈ 226 KB.
-template <int kHeadDim_>
+// need up to 256 accumulator registers, so each owns some of their 64-column panels for all 64
+// keys of the block, and Pᵀ / dSᵀ go between the two through shared memory. block_n = 64 keys
+// resident, block_m = 64 query rows per step in kStages TMA buffers of Q and dO.
+//
+// kHeadDim (Q, K, dQ, dK columns) and kHeadDimV (V, dO, dV columns) are multiples of 64; smaller
+// head dims of the bucket are zero-filled by TMA. Per step consumer 0 computes Sᵀ (head_dim / 64
+// units of 64·64·64), consumer 1 dPᵀ (head_dim_v / 64); then a Q panel owned costs two units (dK and
+// dQ) and a V panel one (dV). kQPanels0 / kVPanels0 are consumer 0's panels (the first ones),
+// consumer 1 has the rest; chosen so that the consumer whose first product is longer owns less:
+//   256 / 256: consumer 0 Sᵀ 4 + 2 Q + 2 V panels = 10, consumer 1 dPᵀ 4 + 2 + 2 = 10 units;
+//     dQ staged in the step's own Q / dO buffers (each consumer in the half of the columns it alone
+//     reads), which is what makes two stages fit:
+//     smem 32 + 32 (K, V) + 2 · (32 + 32) (Q, dO) + 2 · 8 (Pᵀ) + 8 (dSᵀ) + 8 (1 − tanh²) + 1 ≈ 226 KB;
+//   192 / 128 (MLA): consumer 0 Sᵀ 3 + 1 Q + 1 V = 6, consumer 1 dPᵀ 2 + 2 Q + 1 V = 7 (13 units
+//     against the 256 config's 20: 1664 FLOP per (key, query) pair against 2560); dQ staged in a
+//     buffer of its own (the Q / dO halves are too small for 64 x 96 fp32):
+//     smem 24 + 16 + 2 · (24 + 16) + 32 + 1 + 48 (dQ) ≈ 202 KB;
+//   192 / 192: consumer 0 Sᵀ 3 + 1 Q + 2 V = 7, consumer 1 dPᵀ 3 + 2 Q + 1 V = 8 (15 units):
+//     smem 24 + 24 + 2 · (24 + 24) + 32 + 1 + 48 ≈ 226 KB.
+template <int kHeadDim_, int kHeadDimV_ = kHeadDim_>
 struct BwdSm90SplitConfig {
-  static constexpr int kHeadDim = kHeadDim_, kBlockN = 64, kBlockM = 64, kStages = 2;
+  static constexpr int kHeadDim = kHeadDim_, kHeadDimV = kHeadDimV_, kBlockN = 64, kBlockM = 64, kStages = 2;
   static constexpr int kThreads = 384;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
+  static constexpr int kQPanelsAll = kHeadDim / 64, kVPanelsAll = kHeadDimV / 64;
+  static constexpr int kQPanels0 = kHeadDim == 256 ? 2 : 1;
+  static constexpr int kVPanels0 = kHeadDimV >= 192 ? 2 : 1;
+  // dQ staged in the step's Q / dO buffers (only where each consumer's halves hold its fp32 dQ).
+  static constexpr bool kDqInStage = kHeadDim == 256 && kHeadDimV == 256;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2, kVBytes = kBlockN * kHeadDimV * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2, kDoBytes = kBlockM * kHeadDimV * 2;  // one stage
   static constexpr int kTileBytes = kBlockN * kBlockM * 2;  // one [keys][queries] 16-bit tile
   static constexpr int kStatBytes = 2 * 2 * kBlockM * 4;    // [consumer][buffer][query] floats
+  static constexpr int kDqTileBytes = 64 * 64 * 4;          // one fp32 64 x 64 dQ tile
+  static constexpr int kDqBytes = kDqInStage ? 0 : kQPanelsAll * kDqTileBytes;  // the dQ buffer
   // The producer walks the steps for the dQ reduce-adds as well as the loads: 40 registers, which
   // leaves the consumers 232 (128 · (168 − 40) >= 256 · (232 − 168)), all their products need
   // (ptxas: no spills). 24 / 240, the other kernel's split, also compiles without spills; only
   // 40 / 232 has run on the device.
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 4 * kTileBytes + kStatBytes + 8 * (1 + 2 * kStages) + 1024;
-  static_assert(kHeadDim % 128 == 0, "each consumer's half of the columns is whole 64-column panels");
-  static_assert(kBlockM * (kHeadDim / 2) * 4 == kQBytes,
+  // Barriers: K / V full, each stage's full and dQ-ready, the dQ buffer's free.
+  static constexpr int kBarBytes = 8 * (2 + 2 * kStages);
+  static constexpr int kSmemBytes = kKBytes + kVBytes + kStages * (kQBytes + kDoBytes) + 4 * kTileBytes +
+                                    kStatBytes + kDqBytes + kBarBytes + 1024;
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim, "whole 64-column panels");
+  static_assert(kQPanels0 < kQPanelsAll && kVPanels0 < kVPanelsAll, "each consumer owns columns of dK and dV");
+  static_assert(!kDqInStage || kBlockM * (kHeadDim / 2) * 4 == kQBytes,
                 "a consumer's fp32 dQ (64 x head_dim / 2) fills its halves of one Q and one dO buffer");
   static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg split");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
+
+// Which config of the head-dim-split backward runs a call of the 256 bucket: the narrowest one
+// whose columns hold head_dim and head_dim_v (`narrow` false: always the 256 one, for A/B runs and
+// tests; FLASHATTN_CUDA_BWD_D192=0).
+enum class Bwd256Tile { d256, d192, mla };
+inline Bwd256Tile bwd_256_tile(int64_t head_dim, int64_t head_dim_v, bool narrow = true) {
+  using Mla = BwdSm90SplitConfig<192, 128>;
+  using D192 = BwdSm90SplitConfig<192, 192>;
+  if (!narrow || head_dim > D192::kHeadDim || head_dim_v > D192::kHeadDimV) return Bwd256Tile::d256;
+  return head_dim <= Mla::kHeadDim && head_dim_v <= Mla::kHeadDimV ? Bwd256Tile::mla : Bwd256Tile::d192;
+}
+// The columns of the dQ accumulator's tiles (BwdParams::dq_accum_cols) under that config.
+inline int bwd_256_tile_cols(Bwd256Tile tile) {
+  return tile == Bwd256Tile::d256 ? BwdSm90SplitConfig<256>::kHeadDim : BwdSm90SplitConfig<192>::kHeadDim;
+}
 
 // Whether a head_dim bucket's Hopper backward is the head-dim-split kernel (bwd_sm90_dsplit.cuh)
 // rather than bwd_sm90_tma_wgmma.cuh: the dispatch, the grid limit and plan()'s kernel name.

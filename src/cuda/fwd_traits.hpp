@@ -197,7 +197,7 @@ struct FwdSm90Traits<64> {
 // The sm90 forward asks it per
 // consumer warpgroup (64 rows), not per block: at block_m 256 and block_n 64 under a causal mask a
 // block-level test masked 10 warpgroup-tiles per diagonal where 4 need it (perf-notes, session
-// 24). Host and device; tested without a GPU (tests/cuda/test_cuda_fwd_tiles.cpp).
+// 24). Host and device; tested without a GPU (tests/cuda/test_cuda_tiles.cpp).
 template <int kBlockN>
 FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t last_row, int64_t offset, int len_k,
                                                       int window_size_left, int window_size_right, int& free_lo,
@@ -230,7 +230,7 @@ FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t
 // short_max_seqlen_q, and the larger tile costs no extra wave. A tile costs about its rows (a
 // block_m 256 tile ~4/3 of a block_m 192 one), so with few heads (tiles < multiprocessors) the
 // smaller tiles finish first. `batch_heads` = batch · num_heads. Host code, tested without a GPU
-// (tests/cuda/test_cuda_fwd_tiles.cpp).
+// (tests/cuda/test_cuda_tiles.cpp).
 inline bool fwd_short_tile_pays(int max_seqlen_q, int64_t batch_heads, int multiprocessors, int short_block_m,
                                 int long_block_m, int short_max_seqlen_q) {
   if (max_seqlen_q > short_max_seqlen_q || multiprocessors <= 0) return false;
@@ -272,7 +272,7 @@ struct FwdSm90Traits<256> {
 
 // Which of the 256 bucket's configs runs a call (launch_fwd_sm90): the narrowest whose head dims
 // hold both of the call's. `narrow` false (FLASHATTN_CUDA_FWD_D192=0, testing) keeps the 256 one.
-// Host code, tested without a GPU (tests/cuda/test_cuda_fwd_tiles.cpp).
+// Host code, tested without a GPU (tests/cuda/test_cuda_tiles.cpp).
 enum class Fwd256Tile { d256, d192, mla };
 inline Fwd256Tile fwd_256_tile(int64_t head_dim, int64_t head_dim_v, bool narrow = true) {
   using T = FwdSm90Traits<256>;

@@ -152,6 +152,44 @@ std::vector<BwdCase> backward_cases() {
       c.lens_k = {33, 7, 130, 0};
       c.causal = true;
       add(c);
+      // The 256 bucket's narrower configs (bwd_256_tile): MLA's head_dim 192 / head_dim_v 128
+      // (consumer 0 owns one Q and one V panel, consumer 1 two and one; dQ staged in a buffer of
+      // its own, freed by the reduce-adds) and 192 / 192, through the cases above: many query
+      // tiles with GQA and a causal mask, softcap + ALiBi, key tiles no query sees, varlen with
+      // empty sequences and tiles across sequence ends, head_dim_v above head_dim.
+      for (int64_t dv : {128, 192}) {
+        c = base(dt, 2, 300, 517, 8, 2, 192);
+        c.head_dim_v = dv;
+        c.causal = true;
+        add(c);
+        c = base(dt, 1, 200, 333, 2, 2, 192);
+        c.head_dim_v = dv;
+        c.softcap = 15.0f;
+        c.alibi = Alibi::per_head;
+        c.causal = true;
+        add(c);
+        c = base(dt, 1, 70, 400, 2, 1, 192);
+        c.head_dim_v = dv;
+        c.window_size_left = 10;
+        c.window_size_right = 0;
+        c.align = CausalAlign::top_left;
+        add(c);
+        c = base(dt, 0, 0, 0, 2, 1, 192);
+        c.head_dim_v = dv;
+        c.lens_q = {17, 0, 130, 1};
+        c.lens_k = {33, 7, 130, 0};
+        c.causal = true;
+        add(c);
+      }
+      c = multi_tile_varlen(dt, 4, 2);
+      c.head_dim = 192;
+      add(c);
+      c = base(dt, 1, 100, 140, 2, 2, 64);
+      c.head_dim_v = 160;
+      add(c);
+      c = base(dt, 1, 130, 70, 4, 1, 136);
+      c.head_dim_v = 96;
+      add(c);
     }
   }
   return cases;

@@ -2,8 +2,8 @@
 // src/cuda/fwd_traits.hpp), checked on the host: the GPU tests' shapes are too small to reach it
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
 // is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
-// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take
-// (fwd_256_tile). Runs without a GPU.
+// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take, forward
+// (fwd_256_tile) and backward (bwd_256_tile). Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/params.hpp"
+#include "cuda/bwd_traits.hpp"
 #include "cuda/fwd_traits.hpp"
 
 namespace flashattn::cuda {
@@ -62,6 +63,25 @@ TEST(CudaFwdTiles, The256BucketTakesTheNarrowestConfig) {
   // The testing switch keeps the 256 config.
   EXPECT_EQ(fwd_256_tile(192, 128, false), Fwd256Tile::d256);
   EXPECT_EQ(fwd_256_tile(192, 192, false), Fwd256Tile::d256);
+}
+
+TEST(CudaBwdTiles, The256BucketTakesTheNarrowestConfig) {
+  // The backward's configs hold the same head dims as the forward's (192 / 128 and 192 / 192).
+  for (int d : {136, 160, 192, 200, 256})
+    for (int dv : {40, 96, 128, 136, 160, 192, 200, 256}) {
+      const Fwd256Tile f = fwd_256_tile(d, dv), f0 = fwd_256_tile(d, dv, false);
+      const Bwd256Tile expect = f == Fwd256Tile::mla ? Bwd256Tile::mla : f == Fwd256Tile::d192 ? Bwd256Tile::d192
+                                                                                             : Bwd256Tile::d256;
+      EXPECT_EQ(bwd_256_tile(d, dv), expect) << d << " / " << dv;
+      EXPECT_EQ(bwd_256_tile(d, dv, false), Bwd256Tile::d256) << d << " / " << dv;
+      EXPECT_EQ(f0, Fwd256Tile::d256);
+    }
+  EXPECT_EQ(bwd_256_tile(64, 160), Bwd256Tile::d192);  // head_dim_v above head_dim
+  // Each config's columns hold what it is chosen for, and the dQ accumulator's tiles match them.
+  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::mla), (BwdSm90SplitConfig<192, 128>::kHeadDim));
+  EXPECT_EQ((BwdSm90SplitConfig<192, 128>::kHeadDimV), 128);
+  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::d192), (BwdSm90SplitConfig<192, 192>::kHeadDim));
+  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::d256), (BwdSm90SplitConfig<256>::kHeadDim));
 }
 
 TEST(CudaFwdTiles, DegenerateInputs) {
