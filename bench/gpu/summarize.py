@@ -52,7 +52,7 @@ def main(path):
             n += 1
             ratio = impl["cudnn"][f"{pas}_ms"] / impl["ours"][f"{pas}_ms"]
             if ratio < target[pas]:
-                miss.append(f"{shape} {dtype} {'causal' if causal else 'full'} {ratio:.2f}")
+                miss.append(f"{shape} {dtype} {'causal' if causal else 'full'} {ratio:.3f}")
         print(f"\n{pas}: {n - len(miss)} / {n} points at >= {target[pas]}x cuDNN; misses:")
         for m in miss:
             print("  " + m)

@@ -259,10 +259,11 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator.
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
-  // The Hopper kernel's bulk reduce-add wants whole 64 x 64 tiles over the head_dim bucket.
+  // The Hopper kernels' bulk reduce-adds want whole 64 x 64 tiles over the head_dim bucket, or in
+  // the 256 bucket over the head-dim-split kernel's config (192 columns where head_dim and
+  // head_dim_v are both <= 192: bwd_256_tile; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read
+  // at every call for A/B runs). The launch takes the config from these columns.
   const int bucket = bwd_sm80_head_dim_bucket(p);
-  // In the 256 bucket, the head-dim-split kernel's config sets them (narrower for head_dim <= 192:
-  // bwd_256_tile; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read at every call for A/B runs).
   bp.dq_accum_cols = !use_sm90                      ? 0
                      : !bwd_sm90_dsplit_bucket(bucket) ? bucket
                                                        : bwd_256_tile_cols(bwd_256_tile(

@@ -3,9 +3,10 @@
 // FA-2's Alg. 2 as in bwd_sm90_tma_wgmma.cuh, with the work of a step split by columns.
 //
 // Why a second kernel: at head_dim 256 a consumer that owns 64 keys of dK and dV needs 256
-// accumulator registers for them alone. Here each of the two consumers owns half of the columns
-// of dK and dV (head_dim / 2 = 128: 64 + 64 registers) for all 64 keys of the block, so both need
-// Pᵀ and dSᵀ of every key, and they pass them through shared memory.
+// accumulator registers for them alone. Here each of the two consumers owns some of the 64-column
+// panels of dK and dV (BwdSm90SplitConfig: half of them at 256, 1 + 1 and 2 + 1 of MLA's 192 /
+// 128) for all 64 keys of the block, so both need Pᵀ and dSᵀ of every key, and they pass them
+// through shared memory.
 //
 // One block per (key tile of block_n = 64 keys, KV head, batch), three warpgroups:
 //   - the producer (warpgroup 0) loads K and V once, then Q and dO of each step (64 query rows of
@@ -14,15 +15,16 @@
 //   - consumer 0 computes Sᵀ = K Qᵀ and Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) (mask, softcap and
 //     ALiBi as in the other kernels) and hands Pᵀ (and 1 − tanh² under softcap) to consumer 1;
 //     consumer 1 computes dPᵀ = V dOᵀ meanwhile, then dSᵀ = Pᵀ ∘ (dPᵀ − D) and hands it back;
-//   - then each consumer c, for its columns [c·128, c·128 + 128):
+//   - then each consumer c, for its panels:
 //       dV_c += Pᵀ dO_c,  dK_c += dSᵀ Q_c        wgmma, A (Pᵀ / dSᵀ) and B from shared memory
 //       dQ_c = dS K_c                            A = dSᵀ read MN-major, B = K MN-major
-//     and stages dQ_c in its own half of the step's Q and dO buffers (no other product reads them
-//     any more), from where the producer's reduce-adds take it before it reloads the buffers.
+//     and stages dQ_c, at head_dim 256 in its own half of the step's Q and dO buffers (no other
+//     product reads them any more), else in a buffer of its own; the producer's reduce-adds take
+//     it from there.
 //   dK = scale · dK at the end (dq is scaled by the shared postprocess).
-// Per step: 2 products of 64·64·256 and 3 per consumer of 64·128·64: 10.5 MFLOP, as one step of
-// the head_dim 128 kernel; the exchange costs the two consumers' element-wise phases their
-// overlap (consumer 1 waits for Pᵀ).
+// Per step at head_dim 256: 2 products of 64·64·256 and 3 per consumer of 64·128·64: 10.5 MFLOP,
+// as one step of the head_dim 128 kernel; the exchange costs the two consumers' element-wise
+// phases their overlap (consumer 1 waits for Pᵀ).
 //
 // Rows past a sequence's end: TMA zero-fills rows outside a tensor, but varlen tiles that cross a
 // sequence end hold the next sequence's rows; they are zeroed in shared memory before any product
