@@ -50,7 +50,7 @@ typedef struct fa_params {
   int64_t window_size_right;
   float softcap;            /* 0 = off; else as flashattn.hpp's (softmax_scale / softcap normal) */
   fa_tensor alibi_slopes;   /* float32 [num_heads] or [batch, num_heads] */
-  int32_t deterministic;
+  int32_t deterministic;    /* 0 or 1 */
   int32_t num_threads;      /* CPU: 0 = all */
   void* stream;             /* CUDA: cudaStream_t, NULL = default stream */
   /* FP8 forward (q, k, v FA_DTYPE_E4M3; FlashAttention-3 Sec. 3.3, its q_descale / k_descale /

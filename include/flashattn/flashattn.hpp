@@ -27,6 +27,9 @@
 // below float32's 3.4e38 in magnitude; beyond it (e.g. softmax_scale = 1e38) the rows that overflow
 // come out NaN, as in FlashAttention and PyTorch SDPA. Nothing checks it (the scores are not known
 // before they are computed); validate() refuses non-finite scales, softcaps and host ALiBi slopes.
+// Likewise out's float32 accumulator: P·V is summed before it is divided by the row sum (FA-2 Alg. 1),
+// so the visible keys' sum of exp(s − max) · |v| must stay below 3.4e38 (e.g. |v| near 1e38 over 8
+// keys gives inf where out itself is finite), as in FlashAttention and PyTorch SDPA.
 // Non-finite values inside q, k, v or dout are not checked either: like FlashAttention's, the
 // kernels multiply whole tiles, so a NaN or inf in a key that the mask hides from a row can still
 // reach that row's out or gradients (0 · NaN) when the row sees other keys of the same tile; the

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "flashattn/flashattn.hpp"
 
@@ -92,6 +93,11 @@ void check_enums(const fa_params& c, flashattn::Pass pass) {
       throw flashattn::Error(std::string(n.name) + ": expected device code 0 (cpu) or 1 (cuda), got " +
                              std::to_string(t.device));
   }
+  // The flags are documented as 0 or 1; anything else is more likely stale memory than "true".
+  for (const auto& [name, value] : {std::pair<const char*, int32_t>{"causal", c.causal},
+                                    std::pair<const char*, int32_t>{"deterministic", c.deterministic}})
+    if (value != 0 && value != 1)
+      throw flashattn::Error(std::string(name) + ": expected 0 or 1, got " + std::to_string(value));
   if (c.causal_align != FA_ALIGN_BOTTOM_RIGHT && c.causal_align != FA_ALIGN_TOP_LEFT)
     throw flashattn::Error("causal_align: expected 0 (bottom_right) or 1 (top_left), got " +
                            std::to_string(c.causal_align));

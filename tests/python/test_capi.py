@@ -114,3 +114,16 @@ def test_backward_still_runs_with_valid_tensors():
     p.dout, p.dq, p.dk, p.dv = (_ops._view(t, n) for t, n in ((dout, "dout"), (dq, "dq"), (dk, "dk"), (dv, "dv")))
     _capi.backward(p)
     assert not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
+
+
+@pytest.mark.parametrize("field", ["causal", "deterministic"])
+@pytest.mark.parametrize("value", [2, -1])
+def test_the_c_api_flags_are_0_or_1(field, value):
+    # flashattn.h documents both as 0 or 1: another value (stale memory, a C bool mixed up with an
+    # enum) is refused by name rather than read as true.
+    p, (q, k, v, out, lse) = forward_params()
+    setattr(p, field, value)
+    for run in (_capi.forward, lambda params: _capi.plan(params, backward_pass=False)):
+        with pytest.raises(FlashAttnError, match=f"{field}: expected 0 or 1, got {value}"):
+            run(p)
+    assert out.isnan().all()

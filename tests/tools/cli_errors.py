@@ -201,6 +201,8 @@ def main():
         expect_error("missing --out", base, "--out", out_dir)
         expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)
         expect_error("bad --threads", base + ["--out", o("o.npy"), "--threads", "-2"], "--threads", out_dir)
+        expect_error("--threads abc", base + ["--out", o("o.npy"), "--threads", "abc"],
+                     "--threads: expected an integer from 0 to 4096 (0 = all cores), got 'abc'", out_dir)
         q3 = write(d, "q3.npy", npy("<f4", (S, H, D), f32(S * H * D)))
         varlen = ["run", "--q", q3, "--k", q3, "--v", q3, "--out", o("o.npy")]
         cu_f32 = write(d, "cu_f32.npy", npy("<f4", (2,), struct.pack("<2f", 0, 8)))
@@ -282,6 +284,17 @@ def main():
                      "--json: cannot write", out_dir)
         expect_error("check bad device", ["check", "--device", "tpu"], "device", out_dir)
 
+        # A result that overflows float32 (scores past its range) is written, with a warning on stderr.
+        r = run(base + ["--out", o("nan.npy"), "--scale", "3e38"])
+        if r.returncode != 0 or "warning: out has" not in r.stderr or "NaN or inf" not in r.stderr:
+            failures.append("non-finite out warned")
+            print("FAIL non-finite out warned: rc=%d %r" % (r.returncode, r.stderr))
+        else:
+            print("ok   non-finite out warned                  %s" % r.stderr.strip())
+        r = run(base + ["--out", o("fine.npy")])
+        if r.returncode != 0 or "warning" in r.stderr:
+            failures.append("finite out not warned")
+            print("FAIL finite out not warned: rc=%d %r" % (r.returncode, r.stderr))
         # Good calls: npy in, npy out with --check; safetensors in, one safetensors file out.
         r = run(base + ["--out", o("out.npy"), "--lse", o("lse.npy"), "--causal", "--check"])
         if r.returncode != 0 or "PASS" not in r.stdout or not os.path.exists(o("out.npy")):

@@ -222,7 +222,7 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")->check(non_negative_number());
   app->add_option("--causal", args->causal, "both, true or false");
   app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->delimiter(',');
-  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(thread_count());
   app->add_option("--repeats", args->repeats, "timed runs after the warm-up (median reported)")
       ->check(positive_number());
   app->add_option("--max-seconds", args->max_seconds, "stop repeating a shape once its timed runs exceed this")

@@ -42,6 +42,17 @@ inline CLI::Validator number_at_most(double highest, const char* name) {
       name);
 }
 inline CLI::Validator int_sized() { return number_at_most(2147483647.0, "INT"); }
+// --threads: an integer in [0, 4096] (CLI::Range alone called "abc" out of range).
+inline CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || value < 0 || value > 4096)
+          return "expected an integer from 0 to 4096 (0 = all cores), got '" + text + "'";
+        return std::string();
+      },
+      "THREADS");
+}
 // CLI11 converts an empty string to a numeric option's default; an empty value is a mistake.
 inline CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) { return text.empty() ? std::string("expected a value, got ''") : std::string(); },

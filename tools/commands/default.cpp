@@ -66,7 +66,7 @@ int main_job(const DefaultArgs& a) {
 
 Command add_default_command(CLI::App& app) {
   auto args = std::make_shared<DefaultArgs>();
-  app.add_option("--threads", args->threads, "default job: CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", args->threads, "default job: CPU threads (0 = all)")->check(thread_count());
   app.add_option("--check-groups", args->check_groups,
                  "default job: KV groups (4 query heads each) checked against the reference, spread from "
                  "the first to the last; 8 = all")

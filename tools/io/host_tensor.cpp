@@ -93,6 +93,26 @@ uint64_t checked_byte_size(const std::vector<int64_t>& shape, std::size_t elem_s
   return zero ? 0 : bytes;
 }
 
+int64_t count_non_finite(const HostTensor& t) {
+  // All exponent bits set is NaN or ±inf in each of the three formats.
+  auto count = [&](auto word, uint64_t exponent) {
+    using Word = decltype(word);
+    int64_t n = 0;
+    for (std::size_t i = 0; i + sizeof(Word) <= t.data.size(); i += sizeof(Word)) {
+      Word w;
+      std::memcpy(&w, t.data.data() + i, sizeof(Word));
+      n += (uint64_t(w) & exponent) == exponent;
+    }
+    return n;
+  };
+  switch (t.dtype) {
+    case DType::f32: return count(uint32_t{}, 0x7F800000u);
+    case DType::f16: return count(uint16_t{}, 0x7C00u);
+    case DType::bf16: return count(uint16_t{}, 0x7F80u);
+    default: return 0;
+  }
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {

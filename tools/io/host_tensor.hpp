@@ -33,6 +33,9 @@ uint64_t checked_byte_size(const std::vector<int64_t>& shape, std::size_t elem_s
 
 std::string shape_string(const std::vector<int64_t>& shape);  // "[2, 128, 16, 64]"
 
+// Elements of a float tensor (f32, f16, bf16; 0 for others) that are NaN or ±inf.
+int64_t count_non_finite(const HostTensor& t);
+
 // Whole-file reads and writes. write_file writes to a temporary file next to `path` and renames
 // it, so a failed write never leaves a half-written output under the final name.
 // The whole file. Error when it cannot be opened or read, or when more than max_bytes would come
