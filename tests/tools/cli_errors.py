@@ -201,8 +201,14 @@ def main():
         expect_error("missing --out", base, "--out", out_dir)
         expect_error("missing --q", ["run", "--k", k, "--v", v, "--out", o("o.npy")], "--q", out_dir)
         expect_error("bad --threads", base + ["--out", o("o.npy"), "--threads", "-2"], "--threads", out_dir)
-        expect_error("--threads abc", base + ["--out", o("o.npy"), "--threads", "abc"],
-                     "--threads: expected an integer from 0 to 4096 (0 = all cores), got 'abc'", out_dir)
+        for bad in ("abc", "0x10", "010x", "+2", " 2", "1.5", "4097", "99999999999"):
+            expect_error("--threads " + bad, base + ["--out", o("o.npy"), "--threads", bad],
+                         "--threads: expected an integer from 0 to 4096 (0 = all cores), got '%s'" % bad, out_dir)
+        # Leading zeros are decimal (CLI11 alone read 010 as octal 8).
+        r = run(base + ["--out", o("t.npy"), "--threads", "010"])
+        if r.returncode != 0:
+            failures.append("--threads 010")
+            print("FAIL --threads 010: rc=%d %r" % (r.returncode, r.stderr))
         q3 = write(d, "q3.npy", npy("<f4", (S, H, D), f32(S * H * D)))
         varlen = ["run", "--q", q3, "--k", q3, "--v", q3, "--out", o("o.npy")]
         cu_f32 = write(d, "cu_f32.npy", npy("<f4", (2,), struct.pack("<2f", 0, 8)))

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -42,13 +43,17 @@ inline CLI::Validator number_at_most(double highest, const char* name) {
       name);
 }
 inline CLI::Validator int_sized() { return number_at_most(2147483647.0, "INT"); }
-// --threads: an integer in [0, 4096] (CLI::Range alone called "abc" out of range).
+// --threads: a decimal integer in [0, 4096] (CLI::Range alone called "abc" out of range).
 inline CLI::Validator thread_count() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        int64_t value = 0;
-        if (!CLI::detail::lexical_cast(text, value) || value < 0 || value > 4096)
+        // Decimal digits only: CLI11 would read 0x10 as 16 and 010 as 8 (so leading zeros are
+        // dropped here, before its conversion).
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        const std::size_t first = digits ? std::min(text.find_first_not_of('0'), text.size() - 1) : 0;
+        if (!digits || text.size() - first > 4 || std::stoi(text.substr(first)) > 4096)
           return "expected an integer from 0 to 4096 (0 = all cores), got '" + text + "'";
+        text = text.substr(first);
         return std::string();
       },
       "THREADS");
