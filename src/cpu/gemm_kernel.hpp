@@ -41,18 +41,25 @@ inline void micro_kernel(const float* a, int64_t a_rs, int64_t a_ks, const float
                          float* c, int64_t c_rs, const float* scale) {
   using namespace simd;
   V16 acc[R][C];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < C; ++j) acc[r][j] = zero();
   for (int64_t k = 0; k < depth; ++k) {
     V16 bv[C];
+#pragma GCC unroll 4
     for (int j = 0; j < C; ++j) bv[j] = load(b + k * b_rs + j * kLanes);
     const float* ak = a + k * a_ks;
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const V16 av = bcast(ak[r * a_rs]);
+#pragma GCC unroll 4
       for (int j = 0; j < C; ++j) acc[r][j] = fmadd(av, bv[j], acc[r][j]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
     for (int j = 0; j < C; ++j) {
       float* cp = c + r * c_rs + j * kLanes;
       if constexpr (op == Op::store) {
@@ -117,18 +124,24 @@ inline constexpr int kR = 6;
 template <int R, Op op>
 FLASHATTN_AVX2 inline void micro_kernel(const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_rs,
                                         int64_t depth, float* c, int64_t c_rs, const float* scale) {
+  // (The row loops are unrolled by pragma: unrolled only later, as GCC did, acc stayed an array in
+  // memory and every step stored all 12 accumulators to the stack.)
   __m256 acc[R][2];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t k = 0; k < depth; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * b_rs), b1 = _mm256_loadu_ps(b + k * b_rs + 8);
     const float* ak = a + k * a_ks;
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_broadcast_ss(ak + r * a_rs);
       acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {
       float* cp = c + r * c_rs + 8 * j;
       if constexpr (op == Op::store) {
