@@ -188,12 +188,13 @@ NO_FP8_BACKWARD = ("flashattn: e4m3 (torch.float8_e4m3fn) inputs have a forward 
 def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Optional[Tensor],
             dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
             cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor], int_opts: List[int],
-            float_opts: List[float], descales: Tuple[Optional[Tensor], ...] = (None, None, None)
-            ) -> Tuple[list, tuple]:
+            float_opts: List[float], descales: Tuple[Optional[Tensor], ...] = (None, None, None),
+            describe=None) -> Tuple[list, tuple]:
     """The flat PARAMS_STRUCT values of one fa_forward / fa_backward call on these tensors and options
     (the options as pack_options() makes them), stream left 0, and the small tensors it reads (the
     dense copies of cu_seqlens and alibi_slopes, then the descales, to be kept alive until the call
-    returns)."""
+    returns). describe(t, name) replaces _tensor() for q, k, v, out, lse and the gradients (the fake
+    kernels' shape-only check)."""
     if len(int_opts) != NUM_INT_OPTS or len(float_opts) != NUM_FLOAT_OPTS:
         raise FlashAttnError(f"int_opts, float_opts: expected {NUM_INT_OPTS} and {NUM_FLOAT_OPTS} values, "
                              f"got {len(int_opts)} and {len(float_opts)}")
@@ -212,10 +213,11 @@ def _values(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Opt
     # Follow torch's intra-op thread setting on CPU rather than the library's "all cores" default.
     num_threads = 0 if q.is_cuda else torch.get_num_threads()
     none = _capi.NO_TENSOR
+    tensor = describe or _tensor
     values = [
-        *_tensor(q, "q"), *_tensor(k, "k"), *_tensor(v, "v"), *_tensor(out, "out"), *_tensor(lse, "lse"),
-        *(none if dout is None else _tensor(dout, "dout")), *(none if dq is None else _tensor(dq, "dq")),
-        *(none if dk is None else _tensor(dk, "dk")), *(none if dv is None else _tensor(dv, "dv")),
+        *tensor(q, "q"), *tensor(k, "k"), *tensor(v, "v"), *tensor(out, "out"), *tensor(lse, "lse"),
+        *(none if dout is None else tensor(dout, "dout")), *(none if dq is None else tensor(dq, "dq")),
+        *(none if dk is None else tensor(dk, "dk")), *(none if dv is None else tensor(dv, "dv")),
         *_fixed_dtype(kept[0], "cu_seqlens_q"), *_fixed_dtype(kept[1], "cu_seqlens_k"), max_seqlen_q,
         max_seqlen_k, softmax_scale, causal, causal_align, window_left, window_right, softcap,
         *_fixed_dtype(kept[2], "alibi_slopes"), deterministic, num_threads, 0,
@@ -365,6 +367,51 @@ def _check_same_device(q: Tensor, named: dict) -> None:
             raise FlashAttnError(f"{name}: expected a tensor on q's device {q.device}, got {t.device}")
 
 
+# Fake addresses for the shape-only check: 2^40 bytes apart and 4 KiB aligned, so that no two
+# tensors' extents overlap and every alignment rule holds (the library compares addresses only).
+_FAKE_BASE = {name: (i + 1) << 40 for i, name in enumerate(("q", "k", "v", "out", "lse", "dout", "dq", "dk",
+                                                              "dv"))}
+
+
+def _shape_only(t: Tensor, name: str) -> Tuple[int, ...]:
+    """_tensor()'s values for a fake / meta tensor: its dtype, shape and strides on the CPU at a
+    fake address (nothing reads it)."""
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16, bf16 or e4m3 (float8_e4m3fn)")
+        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+    if t.dim() > 4:
+        raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(t.shape)}")
+    stride = t.stride()
+    if t.dim() > 0 and stride[-1] != 1 and t.shape[-1] > 1:  # what _last_dim_contiguous() passes on
+        stride, step = [], 1
+        for n in reversed(t.shape):
+            stride.insert(0, step)
+            step *= max(n, 1)
+    pad = _PAD[t.dim()]
+    return (_FAKE_BASE[name], code, _capi.DEVICE_CPU, 0, t.dim(), *t.shape, *pad, *stride, *pad)
+
+
+def _check_shapes(backward_pass: bool, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  dout: Optional[Tensor], dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor],
+                  cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                  int_opts: List[int], float_opts: List[float]) -> None:
+    """The library's own checks (fa_plan's validation: shapes, dtypes, options) on a fake call, so
+    that meta tensors and torch.compile's tracing refuse what the real call would, with its message.
+    Only where those checks read no data: not varlen (they read cu_seqlens), no ALiBi (they read
+    host slopes), not e4m3 (its descales; also a CUDA-only dtype, and the description is on the
+    CPU, whose backend takes every other dtype and shape the CUDA one does)."""
+    if cu_seqlens_q is not None or cu_seqlens_k is not None or alibi_slopes is not None or is_fp8(q):
+        return
+    values, _ = _values(q, k, v, out, lse, dout, dq, dk, dv, None, None, None, int_opts, float_opts,
+                        describe=_shape_only)
+    try:
+        params = _capi.FaParams.from_buffer_copy(_capi.PARAMS_STRUCT.pack(*values))
+    except struct.error:
+        return  # out-of-range options: the real call reports them (_run)
+    _capi.plan(params, backward_pass)
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, q_descale=None,
               k_descale=None, v_descale=None):
@@ -373,6 +420,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float
                            "v_descale": v_descale})
     out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+    _check_shapes(False, q, k, v, out, lse, None, None, None, None, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                  int_opts, float_opts)
     return out, lse
 
 
@@ -456,7 +505,11 @@ for _name, _fn in (("fwd", _fwd_impl), ("bwd", _bwd_impl)):
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts, float_opts, dlse=None):
     _check_same_device(q, {"dout": dout, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
                            "cu_seqlens_k": cu_seqlens_k, "alibi_slopes": alibi_slopes, "dlse": dlse})
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if dout is not None:
+        _check_shapes(True, q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_opts,
+                      float_opts)
+    return dq, dk, dv
 
 
 def _fwd_setup_context(ctx, inputs, output):

@@ -341,6 +341,37 @@ def test_meta_inputs_give_meta_outputs_and_mixed_devices_are_refused():
             flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, device="meta"))
 
 
+@pytest.mark.parametrize("shapes, kwargs, expect", [
+    # Found by a bad-input review: the fake kernel returned a [1, 8, 3, 300] out for these.
+    (((1, 8, 3, 16), (1, 9, 2, 15), (1, 4, 2, 300)), {}, r"k: expected shape\[3\] \(head_dim\) = 16"),
+    (((1, 8, 3, 16), (1, 8, 2, 16), (1, 8, 2, 16)), {}, "num_heads_k"),
+    (((1, 8, 2, 16), (1, 8, 2, 16), (1, 8, 2, 16)), dict(window_size=(-3, 0)), "window_size_left"),
+    (((1, 8, 2, 264), (1, 8, 2, 264), (1, 8, 2, 264)), {}, "head_dim"),
+], ids=["head_dim", "heads", "window", "head_dim_264"])
+def test_meta_inputs_are_checked_like_real_ones(shapes, kwargs, expect):
+    # The fake kernel asks the library's own checks on a shape-only description (batched, no
+    # ALiBi, not e4m3), so meta tensors and torch.compile's tracing refuse what the call would.
+    q, k, v = (torch.empty(*s, device="meta") for s in shapes)
+    with pytest.raises(FlashAttnError, match=expect):
+        flash_attn_func(q, k, v, **kwargs)
+    real = [torch.randn(*s) for s in shapes]
+    with pytest.raises(FlashAttnError, match=expect):
+        flash_attn_func(*real, **kwargs)
+
+
+def test_meta_inputs_with_strides_and_gradients_pass_the_check():
+    q = torch.empty(2, 16, 4, 128, device="meta")[..., ::2]  # last dim strided: copied by the real call
+    k, v = (torch.empty(2, 16, 4, 64, device="meta", requires_grad=True) for _ in range(2))
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (2, 16, 4, 64) and out.device.type == "meta"
+    out.sum().backward()
+    assert k.grad.shape == k.shape
+    qm = torch.empty(2, 100, 8, 192, device="meta", dtype=torch.bfloat16)
+    km = torch.empty(2, 90, 2, 192, device="meta", dtype=torch.bfloat16)
+    vm = torch.empty(2, 90, 2, 128, device="meta", dtype=torch.bfloat16)
+    assert flash_attn_func(qm, km, vm).shape == (2, 100, 8, 128)
+
+
 @pytest.mark.parametrize("kwargs, expect", [
     (dict(window_size=None), "window_size: expected a pair"),
     (dict(window_size=(1.7, 0)), r"window_size\[0\] \(left\): expected an integer, got 1.7"),
