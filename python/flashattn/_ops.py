@@ -68,17 +68,25 @@ _EXPECTED_DTYPES = {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32", "alibi_slo
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 
+def _dtype_error(t: Tensor, name: str) -> FlashAttnError:
+    expected = _EXPECTED_DTYPES.get(name, "fp32, fp16, bf16 or e4m3 (float8_e4m3fn)")
+    return FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+
+
+def _rank_error(t: Tensor, name: str) -> FlashAttnError:
+    return FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(t.shape)}")
+
+
 def _tensor(t: Tensor, name: str) -> Tuple[int, ...]:
     """The 13 values of an fa_tensor describing t, in _capi.PARAMS_STRUCT's order. Runs up to 11
     times per attention call, so it reads each property once (fixed dtypes: _fixed_dtype)."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
-        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16, bf16 or e4m3 (float8_e4m3fn)")
-        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+        raise _dtype_error(t, name)
     shape = t.shape
     ndim = len(shape)
     if ndim > 4:
-        raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(shape)}")
+        raise _rank_error(t, name)
     if t.is_cuda:
         dev, index = _capi.DEVICE_CUDA, t.get_device()
     elif t.is_cpu:
@@ -378,16 +386,10 @@ def _shape_only(t: Tensor, name: str) -> Tuple[int, ...]:
     fake address (nothing reads it)."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
-        expected = _EXPECTED_DTYPES.get(name, "fp32, fp16, bf16 or e4m3 (float8_e4m3fn)")
-        raise FlashAttnError(f"{name}: expected dtype {expected}, got {str(t.dtype).removeprefix('torch.')}")
+        raise _dtype_error(t, name)
     if t.dim() > 4:
-        raise FlashAttnError(f"{name}: expected rank <= 4, got shape {tuple(t.shape)}")
-    stride = t.stride()
-    if t.dim() > 0 and stride[-1] != 1 and t.shape[-1] > 1:  # what _last_dim_contiguous() passes on
-        stride, step = [], 1
-        for n in reversed(t.shape):
-            stride.insert(0, step)
-            step *= max(n, 1)
+        raise _rank_error(t, name)
+    stride = _last_dim_contiguous(t).stride()  # the strides the real call passes on (no data is touched)
     pad = _PAD[t.dim()]
     return (_FAKE_BASE[name], code, _capi.DEVICE_CPU, 0, t.dim(), *t.shape, *pad, *stride, *pad)
 
