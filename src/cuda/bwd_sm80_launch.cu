@@ -261,12 +261,12 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   // The Hopper kernels' bulk reduce-adds want whole 64 x 64 tiles over the head_dim bucket, or in
   // the 256 bucket over the head-dim-split kernel's config (192 columns where head_dim and
-  // head_dim_v are both <= 192: bwd_256_tile; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read
+  // head_dim_v are both <= 192: tile_256; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read
   // at every call for A/B runs). The launch takes the config from these columns.
   const int bucket = bwd_sm80_head_dim_bucket(p);
   bp.dq_accum_cols = !use_sm90                      ? 0
                      : !bwd_sm90_dsplit_bucket(bucket) ? bucket
-                                                       : bwd_256_tile_cols(bwd_256_tile(
+                                                       : bwd_256_tile_cols(tile_256(
                                                              p.head_dim, p.head_dim_v,
                                                              !env_is("FLASHATTN_CUDA_BWD_D192", "0")));
   const int64_t accum_count = p.deterministic ? 0 : stat_count * dq_accum_row_floats(bp);

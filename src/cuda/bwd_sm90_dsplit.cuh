@@ -484,14 +484,14 @@ void launch_bwd_sm90_dsplit(const BwdParams& p, int64_t rows_q, int64_t rows_k, 
   if (p.split_first < blocks)
     throw Error("backward: internal error, a split tail was asked of the head_dim 256 Hopper kernel, which has none");
   // The host chose the config with the dQ accumulator's columns (run_bwd_sm80, bwd_256_tile_cols).
-  switch (bwd_256_tile(p.head_dim, p.head_dim_v, p.dq_accum_cols != 256)) {
-    case Bwd256Tile::mla:
-      launch_bwd_sm90_dsplit_cfg<Elem, BwdSm90SplitConfig<192, 128>>(p, rows_q, rows_k, stream);
+  switch (tile_256(p.head_dim, p.head_dim_v, p.dq_accum_cols != 256)) {
+    case Tile256::mla:
+      launch_bwd_sm90_dsplit_cfg<Elem, BwdSm90SplitConfig<kTile192HeadDim, kTileMlaHeadDimV>>(p, rows_q, rows_k, stream);
       break;
-    case Bwd256Tile::d192:
-      launch_bwd_sm90_dsplit_cfg<Elem, BwdSm90SplitConfig<192, 192>>(p, rows_q, rows_k, stream);
+    case Tile256::d192:
+      launch_bwd_sm90_dsplit_cfg<Elem, BwdSm90SplitConfig<kTile192HeadDim>>(p, rows_q, rows_k, stream);
       break;
-    case Bwd256Tile::d256:
+    case Tile256::d256:
       launch_bwd_sm90_dsplit_cfg<Elem, BwdSm90SplitConfig<256>>(p, rows_q, rows_k, stream);
       break;
   }

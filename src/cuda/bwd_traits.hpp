@@ -6,6 +6,7 @@
 
 #include "cuda/grid_order.hpp"
 #include "cuda/host_device.hpp"
+#include "cuda/tile_256.hpp"
 
 namespace flashattn::cuda {
 
@@ -270,19 +271,11 @@ struct BwdSm90SplitConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// Which config of the head-dim-split backward runs a call of the 256 bucket: the narrowest one
-// whose columns hold head_dim and head_dim_v (`narrow` false: always the 256 one, for A/B runs and
-// tests; FLASHATTN_CUDA_BWD_D192=0).
-enum class Bwd256Tile { d256, d192, mla };
-inline Bwd256Tile bwd_256_tile(int64_t head_dim, int64_t head_dim_v, bool narrow = true) {
-  using Mla = BwdSm90SplitConfig<192, 128>;
-  using D192 = BwdSm90SplitConfig<192, 192>;
-  if (!narrow || head_dim > D192::kHeadDim || head_dim_v > D192::kHeadDimV) return Bwd256Tile::d256;
-  return head_dim <= Mla::kHeadDim && head_dim_v <= Mla::kHeadDimV ? Bwd256Tile::mla : Bwd256Tile::d192;
-}
-// The columns of the dQ accumulator's tiles (BwdParams::dq_accum_cols) under that config.
-inline int bwd_256_tile_cols(Bwd256Tile tile) {
-  return tile == Bwd256Tile::d256 ? BwdSm90SplitConfig<256>::kHeadDim : BwdSm90SplitConfig<192>::kHeadDim;
+// The configs that tile_256() (tile_256.hpp) picks in the 256 bucket: 256 / 256, and
+// BwdSm90SplitConfig<kTile192HeadDim> and <kTile192HeadDim, kTileMlaHeadDimV> (bwd_sm90_dsplit.cuh).
+// The columns of the dQ accumulator's tiles (BwdParams::dq_accum_cols) under each.
+inline int bwd_256_tile_cols(Tile256 tile) {
+  return tile == Tile256::d256 ? BwdSm90SplitConfig<256>::kHeadDim : BwdSm90SplitConfig<kTile192HeadDim>::kHeadDim;
 }
 
 // Whether a head_dim bucket's Hopper backward is the head-dim-split kernel (bwd_sm90_dsplit.cuh)

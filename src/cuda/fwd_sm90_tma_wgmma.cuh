@@ -886,14 +886,14 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as
     // FLASHATTN_CUDA_FWD is): the 256 config for every call of the bucket.
-    switch (fwd_256_tile(p.head_dim, p.head_dim_v, !env_is("FLASHATTN_CUDA_FWD_D192", "0"))) {
-      case Fwd256Tile::mla:
+    switch (tile_256(p.head_dim, p.head_dim_v, !env_is("FLASHATTN_CUDA_FWD_D192", "0"))) {
+      case Tile256::mla:
         launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
-      case Fwd256Tile::d192:
+      case Tile256::d192:
         launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
-      case Fwd256Tile::d256:
+      case Tile256::d256:
         break;
     }
   }

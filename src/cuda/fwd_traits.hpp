@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/host_device.hpp"
+#include "cuda/tile_256.hpp"
 
 namespace flashattn::cuda {
 
@@ -256,7 +257,7 @@ struct FwdSm90Fp8Traits {
 };
 // The 256 bucket (head_dim or head_dim_v above 128 when the 128 bucket is built) runs narrower
 // configs where both head dims allow, so that zero-filled columns are neither loaded nor multiplied
-// (launch_fwd_sm90 picks):
+// (launch_fwd_sm90 picks by tile_256()):
 //   Config (256 / 256): block_n 64, 2 stages, 192 KB, no O buffer; S 32 + P 16 + O 128 registers.
 //   D192Config (head_dim and head_dim_v <= 192): block_n 64, 2 stages, 144 KB + a 48 KB O buffer
 //     (persistent); S 32 + P 16 + O 96. Against the 256 config, 3/4 of the products.
@@ -270,16 +271,11 @@ struct FwdSm90Traits<256> {
   using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128>;
 };
 
-// Which of the 256 bucket's configs runs a call (launch_fwd_sm90): the narrowest whose head dims
-// hold both of the call's. `narrow` false (FLASHATTN_CUDA_FWD_D192=0, testing) keeps the 256 one.
-// Host code, tested without a GPU (tests/cuda/test_cuda_tiles.cpp).
-enum class Fwd256Tile { d256, d192, mla };
-inline Fwd256Tile fwd_256_tile(int64_t head_dim, int64_t head_dim_v, bool narrow = true) {
-  using T = FwdSm90Traits<256>;
-  if (!narrow || head_dim > T::D192Config::kHeadDim || head_dim_v > T::D192Config::kHeadDimV) return Fwd256Tile::d256;
-  if (head_dim <= T::MlaConfig::kHeadDim && head_dim_v <= T::MlaConfig::kHeadDimV) return Fwd256Tile::mla;
-  return Fwd256Tile::d192;
-}
+// The 256 bucket's configs hold the head dims that tile_256() (tile_256.hpp) picks them for.
+static_assert(FwdSm90Traits<256>::D192Config::kHeadDim == kTile192HeadDim &&
+              FwdSm90Traits<256>::D192Config::kHeadDimV == kTile192HeadDim &&
+              FwdSm90Traits<256>::MlaConfig::kHeadDim == kTile192HeadDim &&
+              FwdSm90Traits<256>::MlaConfig::kHeadDimV == kTileMlaHeadDimV);
 
 // Launches the Hopper forward for one (element type, head_dim bucket); instantiated in the
 // generated fwd_sm90_<dtype>_hdim<d>.cu. `rows_q` / `rows_k` are the rows of the q and k tensors

@@ -152,7 +152,7 @@ std::vector<BwdCase> backward_cases() {
       c.lens_k = {33, 7, 130, 0};
       c.causal = true;
       add(c);
-      // The 256 bucket's narrower configs (bwd_256_tile): MLA's head_dim 192 / head_dim_v 128
+      // The 256 bucket's narrower configs (tile_256): MLA's head_dim 192 / head_dim_v 128
       // (consumer 0 owns one Q and one V panel, consumer 1 two and one; dQ staged in a buffer of
       // its own, freed by the reduce-adds) and 192 / 192, through the cases above: many query
       // tiles with GQA and a causal mask, softcap + ALiBi, key tiles no query sees, varlen with

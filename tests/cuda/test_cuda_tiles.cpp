@@ -2,13 +2,14 @@
 // src/cuda/fwd_traits.hpp), checked on the host: the GPU tests' shapes are too small to reach it
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
 // is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
-// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take, forward
-// (fwd_256_tile) and backward (bwd_256_tile). Runs without a GPU.
+// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take in both
+// passes (tile_256). Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "common/params.hpp"
 #include "cuda/bwd_traits.hpp"
@@ -47,41 +48,53 @@ TEST(CudaFwdTiles, FewTilesKeepTheSmallerTile) {
   EXPECT_TRUE(pays(512, 66));   // 132 against 198
 }
 
-TEST(CudaFwdTiles, The256BucketTakesTheNarrowestConfig) {
+TEST(CudaTiles, The256BucketTakesTheNarrowestConfig) {
   // MLA's head_dim 192 / head_dim_v 128 and anything inside it (head_dim 160 / 96, 136 / 40).
-  EXPECT_EQ(fwd_256_tile(192, 128), Fwd256Tile::mla);
-  EXPECT_EQ(fwd_256_tile(160, 96), Fwd256Tile::mla);
-  EXPECT_EQ(fwd_256_tile(136, 40), Fwd256Tile::mla);
+  EXPECT_EQ(tile_256(192, 128), Tile256::mla);
+  EXPECT_EQ(tile_256(160, 96), Tile256::mla);
+  EXPECT_EQ(tile_256(136, 40), Tile256::mla);
   // Both within 192, head_dim_v above 128 (head_dim_v > head_dim too: 64 / 160).
-  EXPECT_EQ(fwd_256_tile(192, 192), Fwd256Tile::d192);
-  EXPECT_EQ(fwd_256_tile(64, 160), Fwd256Tile::d192);
-  EXPECT_EQ(fwd_256_tile(192, 136), Fwd256Tile::d192);
+  EXPECT_EQ(tile_256(192, 192), Tile256::d192);
+  EXPECT_EQ(tile_256(64, 160), Tile256::d192);
+  EXPECT_EQ(tile_256(192, 136), Tile256::d192);
   // Either above 192: the 256 config (200 / 100: head_dim_v alone would fit MLA's).
-  EXPECT_EQ(fwd_256_tile(200, 100), Fwd256Tile::d256);
-  EXPECT_EQ(fwd_256_tile(128, 200), Fwd256Tile::d256);
-  EXPECT_EQ(fwd_256_tile(256, 256), Fwd256Tile::d256);
+  EXPECT_EQ(tile_256(200, 100), Tile256::d256);
+  EXPECT_EQ(tile_256(128, 200), Tile256::d256);
+  EXPECT_EQ(tile_256(256, 256), Tile256::d256);
   // The testing switch keeps the 256 config.
-  EXPECT_EQ(fwd_256_tile(192, 128, false), Fwd256Tile::d256);
-  EXPECT_EQ(fwd_256_tile(192, 192, false), Fwd256Tile::d256);
+  EXPECT_EQ(tile_256(192, 128, false), Tile256::d256);
+  EXPECT_EQ(tile_256(192, 192, false), Tile256::d256);
 }
 
-TEST(CudaBwdTiles, The256BucketTakesTheNarrowestConfig) {
-  // The backward's configs hold the same head dims as the forward's (192 / 128 and 192 / 192).
-  for (int d : {136, 160, 192, 200, 256})
+// (head_dim, head_dim_v) of a config, so that both passes' configs are checked alike.
+template <class Cfg>
+std::pair<int, int> dims() {
+  return {Cfg::kHeadDim, Cfg::kHeadDimV};
+}
+
+TEST(CudaTiles, EachPassRunsAConfigThatHoldsTheCall) {
+  // Forward and backward: the chosen config's head dims hold the call's, the narrower ones are
+  // those tile_256() names, and the backward's dQ accumulator tiles match its config's columns.
+  using F = FwdSm90Traits<256>;
+  const std::pair<int, int> fwd[] = {dims<F::Config>(), dims<F::D192Config>(), dims<F::MlaConfig>()};
+  const std::pair<int, int> bwd[] = {dims<BwdSm90SplitConfig<256>>(), dims<BwdSm90SplitConfig<192, 192>>(),
+                                     dims<BwdSm90SplitConfig<192, 128>>()};
+  for (int d : {64, 136, 160, 192, 200, 256})
     for (int dv : {40, 96, 128, 136, 160, 192, 200, 256}) {
-      const Fwd256Tile f = fwd_256_tile(d, dv), f0 = fwd_256_tile(d, dv, false);
-      const Bwd256Tile expect = f == Fwd256Tile::mla ? Bwd256Tile::mla : f == Fwd256Tile::d192 ? Bwd256Tile::d192
-                                                                                             : Bwd256Tile::d256;
-      EXPECT_EQ(bwd_256_tile(d, dv), expect) << d << " / " << dv;
-      EXPECT_EQ(bwd_256_tile(d, dv, false), Bwd256Tile::d256) << d << " / " << dv;
-      EXPECT_EQ(f0, Fwd256Tile::d256);
+      const int t = static_cast<int>(tile_256(d, dv));
+      for (const auto& cfg : {fwd[t], bwd[t]}) {
+        EXPECT_LE(d, cfg.first) << d << " / " << dv;
+        EXPECT_LE(dv, cfg.second) << d << " / " << dv;
+      }
+      EXPECT_EQ(tile_256(d, dv, false), Tile256::d256) << d << " / " << dv;
     }
-  EXPECT_EQ(bwd_256_tile(64, 160), Bwd256Tile::d192);  // head_dim_v above head_dim
-  // Each config's columns hold what it is chosen for, and the dQ accumulator's tiles match them.
-  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::mla), (BwdSm90SplitConfig<192, 128>::kHeadDim));
-  EXPECT_EQ((BwdSm90SplitConfig<192, 128>::kHeadDimV), 128);
-  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::d192), (BwdSm90SplitConfig<192, 192>::kHeadDim));
-  EXPECT_EQ(bwd_256_tile_cols(Bwd256Tile::d256), (BwdSm90SplitConfig<256>::kHeadDim));
+  EXPECT_EQ(fwd[1], (std::pair<int, int>{192, 192}));
+  EXPECT_EQ(fwd[2], (std::pair<int, int>{192, 128}));
+  EXPECT_EQ(bwd[1], fwd[1]);
+  EXPECT_EQ(bwd[2], fwd[2]);
+  EXPECT_EQ(bwd_256_tile_cols(Tile256::mla), (BwdSm90SplitConfig<192, 128>::kHeadDim));
+  EXPECT_EQ(bwd_256_tile_cols(Tile256::d192), (BwdSm90SplitConfig<192, 192>::kHeadDim));
+  EXPECT_EQ(bwd_256_tile_cols(Tile256::d256), (BwdSm90SplitConfig<256>::kHeadDim));
 }
 
 TEST(CudaFwdTiles, DegenerateInputs) {
