@@ -200,7 +200,7 @@ if [[ $what == *tests* ]]; then
   # The 256 bucket's 256-column tile for the head_dim <= 192 cases that now run narrower tiles
   # (MLA's 192 / 128, 192 / 192: fwd_traits.hpp), so that it stays tested on them.
   suite_with '*CudaForward.*d192*:*CudaForward.*d160*:*CudaForward.*dv160*' FLASHATTN_CUDA_FWD_D192=0
-  # The same for the backward's narrower configs (bwd_traits.hpp bwd_256_tile).
+  # The same for the backward's narrower configs (tile_256.hpp).
   suite_with '*CudaBackward.*d192*:*CudaBackward.*d160*:*CudaBackward.*dv160*:*CudaBackward.*d136*' FLASHATTN_CUDA_BWD_D192=0
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
   # three parts, their dK / dV summed by the last part of each warp's rows).
