@@ -733,6 +733,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
       }
       FWD_TRACE(cw + 1, j, 59);
+      // One block per tile (not persistent): no next tile. Leaving here keeps the tile loop's state
+      // out of the registers (head_dim 192 at block_n 112 spilled one such value across the tile).
+      if constexpr (!Cfg::kPersistent) break;
     }
     // The stores must be done before the block's shared memory goes.
     if (o_tma && tid == 0) bulk_wait_all();
@@ -883,6 +886,13 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
       return;
     }
   }
+  // The 256 bucket's block_n 64 configs (fwd_traits.hpp): FLASHATTN_CUDA_FWD_BN64=1 / 0 (testing,
+  // read per call) at every shape / at none.
+  [[maybe_unused]] bool masked_short = false;
+  if constexpr (requires { typename Traits::MaskedShortConfig; })
+    masked_short = env_is("FLASHATTN_CUDA_FWD_BN64", "1") ||
+                   (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
+                    fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as
     // FLASHATTN_CUDA_FWD is): the 256 config for every call of the bucket.
@@ -891,12 +901,21 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
         launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
       case Tile256::d192:
-        launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+        if (masked_short)
+          launch_fwd_sm90_config<Elem, typename Traits::D192MaskedShortConfig>(p, batch, max_seqlen_q, rows_q, rows_k,
+                                                                               stream);
+        else
+          launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
       case Tile256::d256:
         break;
     }
   }
+  if constexpr (requires { typename Traits::MaskedShortConfig; })
+    if (masked_short) {
+      launch_fwd_sm90_config<Elem, typename Traits::MaskedShortConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      return;
+    }
   launch_fwd_sm90_config<Elem, typename Traits::Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
 }
 

@@ -25,7 +25,7 @@ struct FwdParams {
   int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
   const int32_t* cu_seqlens_q;  // nullptr: batched
   const int32_t* cu_seqlens_k;
-  int seqlen_q, seqlen_k;  // batched: the lengths; varlen: unused (max_seqlen_q sizes the grid)
+  int seqlen_q, seqlen_k;  // batched: the lengths; varlen: the longest sequences' (max_seqlen_q sizes the grid)
   int num_heads, head_ratio;  // head_ratio = num_heads / num_heads_k (GQA)
   int head_dim, head_dim_v;
   float softmax_scale;
@@ -203,13 +203,19 @@ template <int kBlockN>
 FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t last_row, int64_t offset, int len_k,
                                                       int window_size_left, int window_size_right, int& free_lo,
                                                       int& free_hi) {
-  // (At block_n >= 16 the shifted bounds of int32 rows, offsets and windows fit an int.)
-  static_assert(kBlockN >= 16 && (kBlockN & (kBlockN - 1)) == 0, "block_n: a power of two >= 16 (the shifts floor)");
-  constexpr int shift = [] {
-    int s = 0;
-    while ((1 << s) < kBlockN) ++s;
-    return s;
-  }();
+  // (At block_n >= 16 the divided bounds of int32 rows, offsets and windows fit an int.)
+  static_assert(kBlockN >= 16 && kBlockN % 16 == 0, "block_n: a multiple of 16");
+  // Floor division (the bounds may be negative): a shift where block_n is a power of two.
+  const auto floor_div = [](int64_t x) -> int64_t {
+    if constexpr ((kBlockN & (kBlockN - 1)) == 0) {
+      int s = 0;
+      while ((1 << s) < kBlockN) ++s;
+      return x >> s;
+    } else {
+      const int64_t q = x / kBlockN;
+      return q * kBlockN > x ? q - 1 : q;
+    }
+  };
 #if defined(__CUDA_ARCH__)
   using ::max;
   using ::min;
@@ -220,9 +226,9 @@ FLASHATTN_HOST_DEVICE inline void mask_free_key_tiles(int64_t first_row, int64_t
   free_lo = 0;
   free_hi = len_k / kBlockN;
   if (window_size_right >= 0)  // nb · kBlockN + kBlockN − 1 <= first_row + offset + window_size_right
-    free_hi = int(min(int64_t(free_hi), (first_row + offset + window_size_right + 1) >> shift));
+    free_hi = int(min(int64_t(free_hi), floor_div(first_row + offset + window_size_right + 1)));
   if (window_size_left >= 0) {  // nb · kBlockN >= last_row + offset − window_size_left
-    const int64_t first_free = (last_row + offset - window_size_left + kBlockN - 1) >> shift;
+    const int64_t first_free = floor_div(last_row + offset - window_size_left + kBlockN - 1);
     free_lo = int(min(int64_t(INT32_MAX), max(int64_t(0), first_free)));
   }
 }
@@ -258,18 +264,39 @@ struct FwdSm90Fp8Traits {
 // The 256 bucket (head_dim or head_dim_v above 128 when the 128 bucket is built) runs narrower
 // configs where both head dims allow, so that zero-filled columns are neither loaded nor multiplied
 // (launch_fwd_sm90 picks by tile_256()):
-//   Config (256 / 256): block_n 64, 2 stages, 192 KB, no O buffer; S 32 + P 16 + O 128 registers.
-//   D192Config (head_dim and head_dim_v <= 192): block_n 64, 2 stages, 144 KB + a 48 KB O buffer
-//     (persistent); S 32 + P 16 + O 96. Against the 256 config, 3/4 of the products.
+//   Config (256 / 256): block_n 80, 2 stages, 224 KB, no O buffer; S 40 + P 20 + O 128 registers.
+//   D192Config (head_dim and head_dim_v <= 192): block_n 112 (FA-3's tile), 2 stages, 216 KB, no O
+//     buffer; S 56 + P 28 + O 96. Against the 256 config, 3/4 of the products.
 //   MlaConfig (head_dim <= 192, head_dim_v <= 128: DeepSeek's multi-head latent attention, FA-3's
 //     hdim 192 / hdimv 128): block_n 128, 2 stages of 48 KB K and 32 KB V, 208 KB, no O buffer;
 //     S 64 + P 32 + O 64. Against the 256 config, 5/8 of the products.
+// Why block_n above 64 there: Q stays in shared memory (its fragments would not fit next to O),
+// so S = Q Kᵀ reads 2 KB of Q and block_n · 32 bytes of K per 16-column k-step, from shared
+// memory, in block_n / 2 tensor cycles: 128 bytes per cycle at block_n 64, shared memory's whole
+// rate, with the ring's TMA writes on top; 98 at 112, 102 at 80 (a larger block_n does not fit
+// 227 KB at head_dim 256). Measured (session 33, one call, bf16 and fp16): head_dim 192 from
+// seqlen 4096 +6-17 % over block_n 64, head_dim 256 +1-3 %; at seqlen 1024 under a causal mask
+// -2 to -7 %: a wider diagonal tile masks more keys, and the narrower one keeps the persistent
+// grid's ordered tiles (head_dim 192). So a causal mask or a window over short key sequences
+// (fwd_256_masked_short()) keeps the block_n 64 configs:
+//   MaskedShortConfig (256 / 256): block_n 64, 192 KB; D192MaskedShortConfig (192 / 192):
+//     block_n 64, 144 KB + a 48 KB O buffer (persistent).
 template <>
 struct FwdSm90Traits<256> {
-  using Config = FwdSm90Config<256, 64, 2>;
-  using D192Config = FwdSm90Config<192, 64, 2, 128, 2, 0, 192>;
+  using Config = FwdSm90Config<256, 80, 2>;
+  using D192Config = FwdSm90Config<192, 112, 2, 128, 2, 0, 192>;
   using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128>;
+  using MaskedShortConfig = FwdSm90Config<256, 64, 2>;
+  using D192MaskedShortConfig = FwdSm90Config<192, 64, 2, 128, 2, 0, 192>;
+  static constexpr int kMaskedShortMaxSeqlenK = 1024;
 };
+
+// Whether a call of the 256 bucket (its 256 and 192 configs) takes the block_n 64 config: under a
+// causal mask or a window (`masked`) over at most kMaskedShortMaxSeqlenK keys (the longest
+// sequence's). Host code, tested without a GPU (tests/cuda/test_cuda_tiles.cpp).
+inline bool fwd_256_masked_short(bool masked, int max_seqlen_k) {
+  return masked && max_seqlen_k <= FwdSm90Traits<256>::kMaskedShortMaxSeqlenK;
+}
 
 // The 256 bucket's configs hold the head dims that tile_256() (tile_256.hpp) picks them for.
 static_assert(FwdSm90Traits<256>::D192Config::kHeadDim == kTile192HeadDim &&

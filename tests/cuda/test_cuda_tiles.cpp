@@ -151,6 +151,9 @@ TEST(CudaFwdTiles, MaskFreeKeyTilesMatchEveryPair) {
     const int left = window(), right = window();
     check_mask_free<64>(first_row, last_row, offset, len_k, left, right);
     check_mask_free<128>(first_row, last_row, offset, len_k, left, right);
+    // (The 256 bucket's block_n 80 and 112: floor division where it is not a shift.)
+    check_mask_free<80>(first_row, last_row, offset, len_k, left, right);
+    check_mask_free<112>(first_row, last_row, offset, len_k, left, right);
     if (HasFatalFailure()) return;
   }
 }
@@ -174,6 +177,20 @@ TEST(CudaFwdTiles, MaskFreeKeyTilesEdges) {
   mask_free_key_tiles<128>(0, 63, -(int64_t(1) << 31), 4096, 0x7fffffff, 0, lo, hi);
   EXPECT_EQ(lo, 0);  // every key lies right of the band: no tile is whole
   EXPECT_LE(hi, 0);
+}
+
+TEST(CudaFwdTiles, The256BucketKeepsBlockN64ForShortMaskedCalls) {
+  using T = FwdSm90Traits<256>;
+  static_assert(T::Config::kBlockN == 80 && T::D192Config::kBlockN == 112 && T::MaskedShortConfig::kBlockN == 64 &&
+                T::D192MaskedShortConfig::kBlockN == 64 && T::kMaskedShortMaxSeqlenK == 1024);
+  static_assert(T::D192MaskedShortConfig::kHeadDim == T::D192Config::kHeadDim &&
+                T::D192MaskedShortConfig::kHeadDimV == T::D192Config::kHeadDimV &&
+                T::MaskedShortConfig::kHeadDim == T::Config::kHeadDim);
+  EXPECT_TRUE(fwd_256_masked_short(true, 1));
+  EXPECT_TRUE(fwd_256_masked_short(true, 1024));
+  EXPECT_FALSE(fwd_256_masked_short(true, 1025));
+  EXPECT_FALSE(fwd_256_masked_short(false, 512));  // no mask: the wide tile at every length
+  EXPECT_FALSE(fwd_256_masked_short(false, 1 << 30));
 }
 
 }  // namespace
