@@ -110,8 +110,9 @@ namespace flashattn::cuda {
 //             S 64 + P 32 + O 32 registers. Short sequences: block_n 64, 4 stages, block_m 256
 //             (four consumers of 112 registers): 128 KB with O; S 32 + P 16 + O 32.
 //   hdim 128: block_n 128, 2 stages: 192 KB with O; S 64 + P 32 + O 64 + Q 32.
-//   hdim 256: block_n 64, 2 stages: 192 KB, no O buffer (one block per tile); S 32 + P 16 + O 128;
-//             head_dim and head_dim_v <= 192 run narrower configs (FwdSm90Traits<256> below).
+//   hdim 256: block_n 80, 2 stages: 224 KB, no O buffer (one block per tile); S 40 + P 20 + O 128;
+//             head_dim and head_dim_v <= 192 run narrower configs, and short masked calls block_n
+//             64 (FwdSm90Traits<256> below).
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
           int kHeadDimV_ = kHeadDim_>
 struct FwdSm90Config {
