@@ -201,9 +201,10 @@ if [[ $what == *tests* ]]; then
   # (MLA's 192 / 128, 192 / 192: fwd_traits.hpp), so that it stays tested on them.
   suite_with '*CudaForward.*d192*:*CudaForward.*d160*:*CudaForward.*dv160*' FLASHATTN_CUDA_FWD_D192=0
   # The 256 bucket's block_n 64 configs (causal or windowed calls over short keys take them, the
-  # others block_n 80 / 112: fwd_traits.hpp) at every shape, and the wide ones at every shape.
-  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=1
-  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=0 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  # others block_n 80 / 112: fwd_traits.hpp) at every shape, through several tiles per block (the
+  # 192 one is persistent), and the wide ones (one block per tile) at every shape.
+  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=0
   # The same for the backward's narrower configs (tile_256.hpp).
   suite_with '*CudaBackward.*d192*:*CudaBackward.*d160*:*CudaBackward.*dv160*:*CudaBackward.*d136*' FLASHATTN_CUDA_BWD_D192=0
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
@@ -252,7 +253,7 @@ if [[ $what == *sanitize* ]]; then
   # default at these lengths (a key tile of 80 or 112 rows: the diagonal, varlen sequence ends).
   wide_cases=(bf16_b2_sq113_sk203_h2k2_d256_causalBR 'bf16_varlen_517*_d192_causalBR' bf16_b2_sq1_sk300_h2k2_d256_causalTL)
   filter_wide=$(printf '*CudaForward.*/%s:' "${wide_cases[@]}")
-  sanitize_three "256 bucket block_n 80 / 112" "${filter_wide%:}" FLASHATTN_CUDA_FWD_BN64=0 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  sanitize_three "256 bucket block_n 80 / 112" "${filter_wide%:}" FLASHATTN_CUDA_FWD_BN64=0
   # And on backward cases with the Hopper kernel's split tail forced on every block (the parts'
   # tickets, flags, L2 sums; causal, varlen and softcap + ALiBi among them).
   split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')

@@ -848,6 +848,7 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   FwdTileCounter counter;
   if (Cfg::kPersistent && !uniform) fwd_tile_counter(cuda_stream, counter);
   const bool persistent = Cfg::kPersistent && (uniform || counter.ptr != nullptr);
+  // (Not persistent: one block per tile, and the kernel leaves its tile loop after that tile.)
   int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.

@@ -25,7 +25,8 @@ struct FwdParams {
   int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
   const int32_t* cu_seqlens_q;  // nullptr: batched
   const int32_t* cu_seqlens_k;
-  int seqlen_q, seqlen_k;  // batched: the lengths; varlen: the longest sequences' (max_seqlen_q sizes the grid)
+  int seqlen_q, seqlen_k;  // batched: the lengths; varlen: the longest sequences' (under stream
+                           // capture the caller's bound); max_seqlen_q sizes the grid
   int num_heads, head_ratio;  // head_ratio = num_heads / num_heads_k (GQA)
   int head_dim, head_dim_v;
   float softmax_scale;
@@ -145,6 +146,13 @@ struct FwdSm90Config {
   static constexpr bool kQInRegs = kHeadDim * kElemBytes <= 256 && kBlockM == 128;
   static constexpr int kKBytes = kBlockN * kHeadDim * kElemBytes;
   static constexpr int kVBytes = kBlockN * kHeadDimV * kElemBytes;
+  // The kernel's loops step block_n by 16 (P V's k-steps; 32 for FP8, whose Vᵀ tile is one
+  // 128-byte panel of keys), TMA boxes hold at most 256 rows, and every tile starts on the
+  // 128-byte swizzle's 1024-byte period.
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: a multiple of 16, at most 256");
+  static_assert(kElemBytes == 2 || kBlockN == 128, "FP8: block_n 128 (Vᵀ's one panel of keys)");
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0,
+                "tiles must keep the 1024-byte swizzle alignment");
   // A persistent grid (one block per multiprocessor going through tiles) where an O staging buffer
   // of its own fits next to Q and the K/V ring, so that the next tile's Q loads during this one's
   // last products and epilogue and no block pays a launch, barrier setup and first load per tile.
@@ -274,7 +282,7 @@ struct FwdSm90Fp8Traits {
 // Why block_n above 64 there: Q stays in shared memory (its fragments would not fit next to O),
 // so S = Q Kᵀ reads 2 KB of Q and block_n · 32 bytes of K per 16-column k-step, from shared
 // memory, in block_n / 2 tensor cycles: 128 bytes per cycle at block_n 64, shared memory's whole
-// rate, with the ring's TMA writes on top; 98 at 112, 102 at 80 (a larger block_n does not fit
+// rate, with the ring's TMA writes on top; 101 at 112, 115 at 80 (a larger block_n does not fit
 // 227 KB at head_dim 256). Measured (session 33, one call, bf16 and fp16): head_dim 192 from
 // seqlen 4096 +6-17 % over block_n 64, head_dim 256 +1-3 %; at seqlen 1024 under a causal mask
 // -2 to -7 %: a wider diagonal tile masks more keys, and the narrower one keeps the persistent
@@ -302,6 +310,9 @@ inline bool fwd_256_masked_short(bool masked, int max_seqlen_k) {
 // The 256 bucket's configs hold the head dims that tile_256() (tile_256.hpp) picks them for.
 static_assert(FwdSm90Traits<256>::D192Config::kHeadDim == kTile192HeadDim &&
               FwdSm90Traits<256>::D192Config::kHeadDimV == kTile192HeadDim &&
+              FwdSm90Traits<256>::D192MaskedShortConfig::kHeadDim == kTile192HeadDim &&
+              FwdSm90Traits<256>::D192MaskedShortConfig::kHeadDimV == kTile192HeadDim &&
+              FwdSm90Traits<256>::MaskedShortConfig::kHeadDim == FwdSm90Traits<256>::Config::kHeadDim &&
               FwdSm90Traits<256>::MlaConfig::kHeadDim == kTile192HeadDim &&
               FwdSm90Traits<256>::MlaConfig::kHeadDimV == kTileMlaHeadDimV);
 

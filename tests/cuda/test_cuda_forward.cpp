@@ -190,8 +190,8 @@ std::vector<GpuCase> forward_cases() {
     }
     {
       // The 256 bucket's narrower sm90 configs (fwd_traits.hpp): head_dim <= 192 with head_dim_v
-      // <= 128 (MLA's 192 / 128: block_n 128, V and O of 128 columns) and both <= 192 (block_n 64,
-      // persistent): GQA, both causal alignments, a window with softcap, ALiBi, zero-filled
+      // <= 128 (MLA's 192 / 128: block_n 128, V and O of 128 columns) and both <= 192 (block_n
+      // 112, or 64 and persistent where a causal mask or window meets <= 1024 keys): GQA, both causal alignments, a window with softcap, ALiBi, zero-filled
       // columns (head_dim 160, head_dim_v 96 / 40), varlen tiles that cross sequence ends (the V
       // rows zeroed over head_dim_v's panels, out by per-thread stores), and the ring wrapping.
       ProblemConfig c = base(dt, 2, 300, 520, 4, 2, 192);

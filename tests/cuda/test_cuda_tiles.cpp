@@ -177,6 +177,19 @@ TEST(CudaFwdTiles, MaskFreeKeyTilesEdges) {
   mask_free_key_tiles<128>(0, 63, -(int64_t(1) << 31), 4096, 0x7fffffff, 0, lo, hi);
   EXPECT_EQ(lo, 0);  // every key lies right of the band: no tile is whole
   EXPECT_LE(hi, 0);
+  // block_n 112 (no power of two: floor division), causal: rows 192..255 see keys up to row; tile
+  // 1 (keys 112..223) crosses row 192's diagonal, tile 0 does not.
+  mask_free_key_tiles<112>(192, 255, 0, 1024, -1, 0, lo, hi);
+  EXPECT_EQ(lo, 0);
+  EXPECT_EQ(hi, 1);
+  // block_n 80, a window (100, 0) bottom-right with offset -300 (seqlen_q 1324, seqlen_k 1024):
+  // row 400 sees keys 0..100, row 463 keys 63..163: tile 0 (keys 0..79) is cut for row 463, tile 1
+  // (80..159) for row 400, so none is whole; a negative right bound floors below 0.
+  mask_free_key_tiles<80>(400, 463, -300, 1024, 100, 0, lo, hi);
+  EXPECT_EQ(hi, 1);  // keys 0..79 <= row 400's last key 100
+  EXPECT_EQ(lo, 1);  // first whole tile starts at or after row 463's first key 63: tile 1
+  mask_free_key_tiles<80>(0, 63, -300, 1024, -1, 0, lo, hi);
+  EXPECT_EQ(hi, -4);  // rows 0..63 see no key: (0 - 300 + 1) / 80 floors to -4
 }
 
 TEST(CudaFwdTiles, The256BucketKeepsBlockN64ForShortMaskedCalls) {
