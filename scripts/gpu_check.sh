@@ -203,8 +203,9 @@ if [[ $what == *tests* ]]; then
   # The 256 bucket's block_n 64 configs (causal or windowed calls over short keys take them, the
   # others block_n 80 / 112: fwd_traits.hpp) at every shape, through several tiles per block (the
   # 192 one is persistent), and the wide ones (one block per tile) at every shape.
-  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
-  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*' FLASHATTN_CUDA_FWD_BN64=0
+  fwd_256_cases='*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*'
+  suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=0
   # The same for the backward's narrower configs (tile_256.hpp).
   suite_with '*CudaBackward.*d192*:*CudaBackward.*d160*:*CudaBackward.*dv160*:*CudaBackward.*d136*' FLASHATTN_CUDA_BWD_D192=0
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in

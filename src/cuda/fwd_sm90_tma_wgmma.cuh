@@ -887,13 +887,14 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
       return;
     }
   }
-  // The 256 bucket's block_n 64 configs (fwd_traits.hpp): FLASHATTN_CUDA_FWD_BN64=1 / 0 (testing,
-  // read per call) at every shape / at none.
-  [[maybe_unused]] bool masked_short = false;
-  if constexpr (requires { typename Traits::MaskedShortConfig; })
-    masked_short = env_is("FLASHATTN_CUDA_FWD_BN64", "1") ||
-                   (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
-                    fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
+  // Whether the 256 bucket's 256 or 192 config runs its block_n 64 version (fwd_traits.hpp):
+  // FLASHATTN_CUDA_FWD_BN64=1 / 0 (testing, read per call) at every shape / at none.
+  // (Asked only where one of those configs would run: not for MLA's.)
+  [[maybe_unused]] auto masked_short = [&] {
+    return env_is("FLASHATTN_CUDA_FWD_BN64", "1") ||
+           (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
+            fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
+  };
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as
     // FLASHATTN_CUDA_FWD is): the 256 config for every call of the bucket.
@@ -902,7 +903,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
         launch_fwd_sm90_config<Elem, typename Traits::MlaConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;
       case Tile256::d192:
-        if (masked_short)
+        if (masked_short())
           launch_fwd_sm90_config<Elem, typename Traits::D192MaskedShortConfig>(p, batch, max_seqlen_q, rows_q, rows_k,
                                                                                stream);
         else
@@ -913,7 +914,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
     }
   }
   if constexpr (requires { typename Traits::MaskedShortConfig; })
-    if (masked_short) {
+    if (masked_short()) {
       launch_fwd_sm90_config<Elem, typename Traits::MaskedShortConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
       return;
     }
