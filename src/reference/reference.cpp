@@ -134,7 +134,12 @@ void score_row(const Params& p, const Rounder& rnd, const Inputs& in, int64_t b,
   double sum = 0.0;
   for (int64_t jj = 0; jj < n; ++jj) sum += std::exp(row.s[jj] - m);
   row.lse = rnd(m + std::log(sum));
-  for (int64_t jj = 0; jj < n; ++jj) row.prob[jj] = rnd(std::exp(row.s[jj] - row.lse));
+  // Exact (f64): each key's share exp(s − m) / sum. exp(s − lse) needs lse to keep log(sum) beside
+  // m, which float64 does not once |m| passes ~1e16 (tied keys then each got probability 1). In the
+  // input precision, the kernels' own formula exp(s − lse) with lse rounded: the naive computation
+  // the accuracy criterion compares against.
+  for (int64_t jj = 0; jj < n; ++jj)
+    row.prob[jj] = rnd.prec == Precision::f64 ? std::exp(row.s[jj] - m) / sum : rnd(std::exp(row.s[jj] - row.lse));
 }
 
 // q, k and v in float64, dense, times their descales (e4m3).

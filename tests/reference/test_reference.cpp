@@ -47,6 +47,19 @@ TEST(ReferenceForward, HandComputedTwoKeys) {
   EXPECT_NEAR(t.out[0], (2.0 - e) / (1.0 + e), 1e-15);
 }
 
+// Scores near 1e20: lse = m + log(sum) rounds to m in float64, and the probabilities must still be
+// each key's share (they summed to the number of tied keys when taken as exp(s − lse)).
+TEST(ReferenceForward, HugeTiedScoresKeepTheirShares) {
+  Problem pr(tiny(1, 4), 1);
+  pr.q.set({1e20});
+  pr.k.set({1.0, 1.0, 1.0, 1.0});
+  pr.v.set({1.0, 2.0, 3.0, 6.0});
+  const Tiny t = run_forward(pr);
+  EXPECT_DOUBLE_EQ(t.out[0], 3.0);
+  EXPECT_EQ(t.lse[0], static_cast<double>(1e20f));  // the score itself (q is stored as float): log 4 is
+                                                     // below half an ulp of it
+}
+
 TEST(ReferenceForward, HandComputedSoftcapAndAlibi) {
   ProblemConfig c = tiny(1, 2);
   c.softcap = 2.0f;
