@@ -30,6 +30,11 @@
 // Likewise out's float32 accumulator: P·V is summed before it is divided by the row sum (FA-2 Alg. 1),
 // so the visible keys' sum of exp(s − max) · |v| must stay below 3.4e38 (e.g. |v| near 1e38 over 8
 // keys gives inf where out itself is finite), as in FlashAttention and PyTorch SDPA.
+// And lse, float32 too: the backward recomputes P = exp(s − lse) (FA-2 Alg. 2), which needs lse =
+// max + log(row sum) to keep its log term. Where the row's largest score is so large that the
+// term is lost in rounding (scores above ~1e7 with many tied near the maximum; partly from ~1e5),
+// P sums to more than 1 and the gradients come out too large, without a warning; out is not
+// affected. FlashAttention and PyTorch SDPA's flash backend store lse in float32 alike.
 // Non-finite values inside q, k, v or dout are not checked either: like FlashAttention's, the
 // kernels multiply whole tiles, so a NaN or inf in a key that the mask hides from a row can still
 // reach that row's out or gradients (0 · NaN) when the row sees other keys of the same tile; the
