@@ -134,9 +134,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* smem = smem_raw + (sQ - raw);  // generic pointer to sQ
   const uint32_t sK = sQ + Cfg::kQBytes;
   const uint32_t sV = sK + S * Cfg::kKBytes;
-  // The epilogue stages O in its own buffer when the block goes on to another tile (the next Q
-  // then loads while this tile's last products and epilogue run), else in the Q tile.
-  const uint32_t sO = Cfg::kPersistent ? sV + S * Cfg::kVBytes : sQ;
+  // The epilogue stages O in its own buffer where one fits (the next Q then loads while this
+  // tile's last products and epilogue run), else in the Q tile. A persistent block with O in the
+  // Q tile (MLA's config) frees Q's slot after the epilogue has read O out of it, not after the
+  // tile's last S, so the next Q waits for that (its K / V need not).
+  const uint32_t sO = Cfg::kOInQ ? sQ : sV + S * Cfg::kVBytes;
+  constexpr bool kQHeldToEpilogue = Cfg::kPersistent && Cfg::kOInQ;
   uint8_t* smem_o = smem + (sO - sQ);
   const uint32_t bars = sV + S * Cfg::kVBytes + Cfg::kOBytes;
   const uint32_t q_full = bars, q_empty = bars + 8;
@@ -631,7 +634,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             phase = next_phase;
           }
           // Every S = Q Kᵀ of the tile is complete: the producer may load the next tile's Q.
-          if constexpr (!Cfg::kQInRegs) release(q_empty);
+          if constexpr (!Cfg::kQInRegs && !kQHeldToEpilogue) release(q_empty);
           mbar_wait(v_full(stage), phase);
           my_turn();
           FWD_TRACE(cw + 1, j, 56);
@@ -648,7 +651,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // last P V.
           my_turn();
           your_turn();
-          if constexpr (!Cfg::kQInRegs) release(q_empty);
+          if constexpr (!Cfg::kQInRegs && !kQHeldToEpilogue) release(q_empty);
         }
         for (int nb = lo - 1; nb >= nb_min; --nb) idle_round(nb);
       }
@@ -698,8 +701,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // O's fragments as 8 x 8 matrices (rows +0 / +8, columns 16kk + 0..7 / 8..15; the wgmma
       // accumulator is the mma.sync one) by stmatrix: lane l gives the 16-byte row of matrix l / 8.
       const int o_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      // Where O is staged in the Q tile (kQHeldToEpilogue), a tile without keys holds no Q slot
+      // (the producer may be loading the next tile's Q into it): its zeros go straight out.
+      const bool staged = !kQHeldToEpilogue || nb_max > nb_min;
 #pragma unroll
-      for (int kk = 0; kk < Dv / 16; ++kk) {
+      for (int kk = 0; kk < Dv / 16 && staged; ++kk) {
         const float* x = o + 8 * kk;
         stmatrix_x4(sO + swizzled_chunk<BM>(o_row, 2 * kk + (lane >> 4)), pack2<Out>(x[0] * inv[0], x[1] * inv[0]),
                     pack2<Out>(x[2] * inv[1], x[3] * inv[1]), pack2<Out>(x[4] * inv[0], x[5] * inv[0]),
@@ -708,7 +714,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       FWD_TRACE(cw + 1, j, 58);
       // (A box that starts before row 0, the end-aligned first tile of a sequence, faults on the
       // H200 as an illegal instruction: such rows take the per-thread stores.)
-      if (o_tma && m0 + cw * 64 >= 0) {
+      if (o_tma && staged && m0 + cw * 64 >= 0) {
         fence_proxy_async();  // the staging writes before the async proxy's reads
         named_barrier_sync(kEpilogueBarrier + cw, 128);
         if (tid == 0) {
@@ -726,11 +732,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int i = lane + it * 32;
           const int row = cw * 64 + warp * 16 + i / kChunks, c = i % kChunks;
           if (m0 + row >= 0 && m0 + row < len_q && c * 8 < p.head_dim_v) {
-            const uint4 val = *reinterpret_cast<const uint4*>(smem_o + swizzled_chunk<BM>(row, c));
+            const uint4 val =
+                staged ? *reinterpret_cast<const uint4*>(smem_o + swizzled_chunk<BM>(row, c)) : make_uint4(0, 0, 0, 0);
             *reinterpret_cast<uint4*>(out_base + (q_start + m0 + row) * p.o_row_stride + c * 8) = val;
           }
         }
         __syncwarp();  // this warp's rows of sO are read before the next tile stages its own
+      }
+      if constexpr (kQHeldToEpilogue) {
+        // The tile's Q slot once O has been read out of it: by the warpgroup's TMA store (thread 0
+        // waits for its read) or by each warp's own stores; then the async proxy's next write (the
+        // next Q) is ordered after these generic accesses.
+        if (o_tma && m0 + cw * 64 >= 0) {
+          if (tid == 0) bulk_wait_read<0>();
+          named_barrier_sync(kEpilogueBarrier + cw, 128);
+        }
+        if (staged) {
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(q_empty);
+        }
       }
       FWD_TRACE(cw + 1, j, 59);
       // One block per tile (not persistent): no next tile. Leaving here keeps the tile loop's state

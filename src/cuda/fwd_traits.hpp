@@ -115,7 +115,7 @@ namespace flashattn::cuda {
 //             head_dim and head_dim_v <= 192 run narrower configs, and short masked calls block_n
 //             64 (FwdSm90Traits<256> below).
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
-          int kHeadDimV_ = kHeadDim_>
+          int kHeadDimV_ = kHeadDim_, bool kPersistentOInQ_ = false>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
   // head_dim_v's bucket (V's columns, O's): below head_dim in the MLA shape (head_dim 192,
@@ -160,7 +160,15 @@ struct FwdSm90Config {
   static constexpr int kOBytes =
       kQBytes + kOutBytes + kStages * (kKBytes + kVBytes) + 256 + 1024 <= 227 * 1024 ? kOutBytes : 0;
   static_assert(kElemBytes == 2 || kOBytes > 0, "the FP8 forward stages O in a buffer of its own");
-  static constexpr bool kPersistent = kOBytes > 0;
+  // kPersistentOInQ_: persistent without that buffer, O staged in the Q tile, so that the next
+  // tile's Q loads only once this tile's O has been read out of it (its K / V still load during
+  // the epilogue, and no block pays a launch per tile). Only where Q stays in shared memory: Q's
+  // fragments free the slot at the tile's top, which the epilogue would then overwrite. MLA's
+  // config takes it (+2-7 % at seqlen 1024-4096, session 34); at head_dim 192 / 256 it measured
+  // -1.4 to +1.7 %, so those stay one block per tile.
+  static constexpr bool kOInQ = kOBytes == 0;
+  static constexpr bool kPersistent = kOBytes > 0 || kPersistentOInQ_;
+  static_assert(!(kPersistentOInQ_ && (kOBytes > 0 || kQInRegs)), "kPersistentOInQ: O in the Q tile, Q not in registers");
   // setmaxnreg split (sm90_utils.cuh; checked against kEntryRegs below and by
   // scripts/sm90_entry_regs.awk): a persistent producer carries its tile loop's state (tile, ring
   // index, counts) and needs 32 registers (with 24 it spilled one at head_dim 128). The consumers
@@ -277,8 +285,9 @@ struct FwdSm90Fp8Traits {
 //   D192Config (head_dim and head_dim_v <= 192): block_n 112 (FA-3's tile), 2 stages, 216 KB, no O
 //     buffer; S 56 + P 28 + O 96. Against the 256 config, 3/4 of the products.
 //   MlaConfig (head_dim <= 192, head_dim_v <= 128: DeepSeek's multi-head latent attention, FA-3's
-//     hdim 192 / hdimv 128): block_n 128, 2 stages of 48 KB K and 32 KB V, 208 KB, no O buffer;
-//     S 64 + P 32 + O 64. Against the 256 config, 5/8 of the products.
+//     hdim 192 / hdimv 128): block_n 128, 2 stages of 48 KB K and 32 KB V, 208 KB, no O buffer
+//     but persistent, O staged in the Q tile (kPersistentOInQ); S 64 + P 32 + O 64. Against the
+//     256 config, 5/8 of the products.
 // Why block_n above 64 there: Q stays in shared memory (its fragments would not fit next to O),
 // so S = Q Kᵀ reads 2 KB of Q and block_n · 32 bytes of K per 16-column k-step, from shared
 // memory, in block_n / 2 tensor cycles: 128 bytes per cycle at block_n 64, shared memory's whole
@@ -294,7 +303,7 @@ template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 80, 2>;
   using D192Config = FwdSm90Config<192, 112, 2, 128, 2, 0, 192>;
-  using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128>;
+  using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128, true>;
   using MaskedShortConfig = FwdSm90Config<256, 64, 2>;
   using D192MaskedShortConfig = FwdSm90Config<192, 64, 2, 128, 2, 0, 192>;
   static constexpr int kMaskedShortMaxSeqlenK = 1024;
