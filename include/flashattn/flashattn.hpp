@@ -94,6 +94,9 @@ class CudaError : public Error {
 // Only q, k and v of the FP8 forward take it (see the header comment).
 enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, e4m3 = 4 };
 enum class Device : int32_t { cpu = 0, cuda = 1 };
+/// The largest head_dim and head_dim_v a call may have, on every backend (1 <= head_dim <= 256, as in
+/// FlashAttention; larger ones get an Error naming q's or v's last dimension).
+inline constexpr int64_t kMaxHeadDim = 256;
 enum class CausalAlign : int32_t { bottom_right = 0, top_left = 1 };
 
 const char* dtype_name(DType dtype);

@@ -17,7 +17,6 @@ namespace flashattn::detail {
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
 
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
@@ -577,7 +576,8 @@ Params validate(const AttentionParams& a, Pass pass) {
 
   if (num_heads < 1) fail("q: expected shape[" + std::to_string(2 + o) + "] (num_heads) >= 1, got " + std::to_string(num_heads));
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    fail("q: expected shape[" + std::to_string(3 + o) + "] (head_dim) in 1..256, got " + std::to_string(head_dim));
+    fail("q: expected shape[" + std::to_string(3 + o) + "] (head_dim) in 1.." + std::to_string(kMaxHeadDim) +
+         ", got " + std::to_string(head_dim));
   }
   if (!varlen) check_dim("k", a.k, 0, "batch", batch, "from q");
   check_dim("k", a.k, 3 + o, "head_dim", head_dim, "from q");
@@ -589,7 +589,8 @@ Params validate(const AttentionParams& a, Pass pass) {
   check_dim("v", a.v, 1 + o, rows_k_name, rows_k, "from k");
   check_dim("v", a.v, 2 + o, "num_heads_k", num_heads_k, "from k");
   if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-    fail("v: expected shape[" + std::to_string(3 + o) + "] (head_dim_v) in 1..256, got " + std::to_string(head_dim_v));
+    fail("v: expected shape[" + std::to_string(3 + o) + "] (head_dim_v) in 1.." + std::to_string(kMaxHeadDim) +
+         ", got " + std::to_string(head_dim_v));
   }
   // The FP8 kernel exists for one head size so far (FlashAttention-3's most common one).
   if (fp8 && head_dim != 128) {

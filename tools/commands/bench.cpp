@@ -117,6 +117,14 @@ int bench(const BenchArgs& a) {
     else throw Error("--pass: expected fwd and/or bwd, got '" + p + "'");
   }
   const int64_t heads_k = a.heads_k > 0 ? a.heads_k : a.heads;
+  // Before the sweep, in the options' own names (the library would name q's and k's shapes, after
+  // the shapes before them had run).
+  for (const int64_t hd : a.head_dims)
+    if (hd > kMaxHeadDim)
+      throw Error("--head-dim: expected at most " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(hd));
+  if (a.heads % heads_k != 0)
+    throw Error("--heads-k: expected a divisor of --heads = " + std::to_string(a.heads) + ", got " +
+                std::to_string(heads_k));
   // Fixed mmap threshold: large buffers are mmapped and unmapped on free, so they never hide in
   // the heap between measurements (glibc otherwise raises the threshold after the first free).
   mallopt(M_MMAP_THRESHOLD, 256 * 1024);

@@ -214,7 +214,7 @@ Command add_check_command(CLI::App& parent) {
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app->add_flag("--quick", args->quick, "a subset of the cases");
   app->add_flag("--verbose", args->verbose, "print every case's error table");
-  app->add_option("--seed", args->seed, "random seed (0 = fresh)");
+  app->add_option("--seed", args->seed, "random seed (0 = fresh)")->check(non_negative_number());
   app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(thread_count());
   return {app, [args] { return check(*args); }};
 }

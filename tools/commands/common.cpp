@@ -24,7 +24,6 @@ namespace {
 
 bool given(const HostTensor& t) { return !t.shape.empty(); }
 
-constexpr int64_t kMaxHeadDim = 256;  // validate()'s bound for head_dim and head_dim_v
 
 TensorView view_of(const char* name, HostTensor& t) {
   if (!given(t)) return TensorView{};
@@ -251,13 +250,15 @@ void allocate_outputs(Tensors& t, bool backward) {
     throw Error("q: expected shape[" + std::to_string(rank - 2) + "] (num_heads) >= 1, got " + std::to_string(num_heads));
   }
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
-    throw Error("q: expected shape[" + std::to_string(rank - 1) + "] (head_dim) in 1..256, got " +
+    throw Error("q: expected shape[" + std::to_string(rank - 1) + "] (head_dim) in 1.." + std::to_string(kMaxHeadDim) +
+                ", got " +
                 std::to_string(head_dim));
   }
   if (given(t.v)) {
     const int64_t head_dim_v = t.v.shape.back();
     if (head_dim_v < 1 || head_dim_v > kMaxHeadDim) {
-      throw Error("v: expected shape[" + std::to_string(t.v.shape.size() - 1) + "] (head_dim_v) in 1..256, got " +
+      throw Error("v: expected shape[" + std::to_string(t.v.shape.size() - 1) + "] (head_dim_v) in 1.." +
+                  std::to_string(kMaxHeadDim) + ", got " +
                   std::to_string(head_dim_v));
     }
   }

@@ -155,16 +155,18 @@ int run(const RunArgs& a) {
   // Each input: its own option, else the tensor of that name in --inputs (required ones must exist).
   auto input = [&](HostTensor& dst, const std::string& option, const std::string& path, const std::string& name,
                    bool required) {
+    std::string from = option;  // the option that named the file it came from
     if (!path.empty()) {
       dst = files.load(option, path, name);
     } else if (!a.inputs.empty() && (required || files.contains("--inputs", a.inputs, name))) {
       dst = files.load("--inputs", a.inputs, name);
+      from = "--inputs";
     } else if (required) {
       throw Error(option + ": required (or give --inputs FILE.safetensors holding a tensor named '" + name + "')");
     }
     // An empty shape means "not given" to make_params: a 0-d file must not silently vanish.
     if (dst.numel() == 1 && dst.shape.empty() && !dst.data.empty()) {
-      throw Error(option + ": expected a tensor '" + name + "' with at least one dimension, got a 0-d scalar");
+      throw Error(from + ": expected a tensor '" + name + "' with at least one dimension, got a 0-d scalar");
     }
   };
   input(t.q, "--q", a.q, "q", true);

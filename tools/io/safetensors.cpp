@@ -40,6 +40,22 @@ const char* safetensors_dtype(DType dtype) {
   return "?";
 }
 
+// A tensor name as messages show it: control bytes (a NUL would end the printed message there)
+// as \xNN, and at most 200 bytes.
+std::string printable_name(const std::string& name) {
+  std::string out;
+  for (const char c : name.substr(0, 200)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += std::string("\\x") + kHex[u >> 4] + kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return name.size() > 200 ? out + "..." : out;
+}
+
 uint64_t as_offset(const nlohmann::json& j, const std::string& what) {
   if (j.is_number_unsigned()) return j.get<uint64_t>();
   if (j.is_number_integer() && j.get<int64_t>() >= 0) return static_cast<uint64_t>(j.get<int64_t>());
@@ -66,17 +82,29 @@ SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
   const uint64_t data_size = size - 8 - header_len;
 
   nlohmann::json j;
+  // A JSON object keeps the last of two equal keys; a header naming one tensor twice is refused
+  // instead (the safetensors reference implementation refuses it too), so that which data a name
+  // means never depends on the parser.
+  std::set<std::string> names;
+  std::string duplicate;
+  const auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(header, header + header_len);
+    j = nlohmann::json::parse(header, header + header_len, no_duplicates);
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("malformed JSON header: ") + e.what());
   }
+  if (!duplicate.empty()) fail("the header names tensor '" + printable_name(duplicate) + "' twice");
   if (!j.is_object()) fail("malformed header: expected a JSON object, got " + std::string(j.type_name()));
 
   std::vector<const Entry*> by_offset;
   for (const auto& [name, info] : j.items()) {
     if (name == "__metadata__") continue;
-    const std::string what = "tensor '" + name + "'";
+    const std::string what = "tensor '" + printable_name(name) + "'";
     if (!info.is_object()) fail(what + ": expected an object with dtype, shape, data_offsets");
     const auto dt = info.find("dtype");
     const auto sh = info.find("shape");
@@ -121,8 +149,8 @@ HostTensor SafetensorsFile::get(const std::string& name) const {
   const auto it = entries_.find(name);
   if (it == entries_.end()) {
     std::string names;
-    for (const auto& [n, e] : entries_) names += (names.empty() ? "" : ", ") + n;
-    fail("no tensor named '" + name + "' (the file has: " + (names.empty() ? "none" : names) + ")");
+    for (const auto& [n, e] : entries_) names += (names.empty() ? "" : ", ") + printable_name(n);
+    fail("no tensor named '" + printable_name(name) + "' (the file has: " + (names.empty() ? "none" : names) + ")");
   }
   const Entry& e = it->second;
   HostTensor t;
@@ -130,7 +158,7 @@ HostTensor SafetensorsFile::get(const std::string& name) const {
   else if (e.dtype == "F16") t.dtype = DType::f16;
   else if (e.dtype == "BF16") t.dtype = DType::bf16;
   else if (e.dtype == "I32") t.dtype = DType::i32;
-  else fail("tensor '" + name + "' has dtype " + e.dtype + ", expected F32, F16, BF16 or I32");
+  else fail("tensor '" + printable_name(name) + "' has dtype " + printable_name(e.dtype) + ", expected F32, F16, BF16 or I32");
   t.shape = e.shape;
   t.data.assign(data_ + e.begin, data_ + e.end);
   return t;
