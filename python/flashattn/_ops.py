@@ -147,6 +147,16 @@ def as_float(name: str, value) -> float:
         raise FlashAttnError(f"{name}: expected a real number, got {value!r}") from None
 
 
+def as_bool(name: str, value) -> bool:
+    """value as a flag: True / False (also NumPy's bool and the ints 0 and 1); anything else raises,
+    naming the argument (bool("false") is True, so a string would silently turn the flag on)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise FlashAttnError(f"{name}: expected True or False, got {value!r}")
+
+
 def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, causal_align: str,
                  window_size_left: int, window_size_right: int, softcap: float,
                  deterministic: bool) -> Tuple[List[int], List[float]]:
@@ -161,8 +171,9 @@ def pack_options(max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, cau
     for name, value in sizes.items():
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise FlashAttnError(f"{name}: expected a value in the int64 range [-2^63, 2^63 - 1], got {value}")
-    ints = [sizes["max_seqlen_q"], sizes["max_seqlen_k"], int(bool(causal)), _ALIGN_CODES[causal_align],
-            sizes["window_size[0] (left)"], sizes["window_size[1] (right)"], int(bool(deterministic))]
+    ints = [sizes["max_seqlen_q"], sizes["max_seqlen_k"], int(as_bool("causal", causal)),
+            _ALIGN_CODES[causal_align], sizes["window_size[0] (left)"], sizes["window_size[1] (right)"],
+            int(as_bool("deterministic", deterministic))]
     return ints, [as_float("softmax_scale", softmax_scale), as_float("softcap", softcap)]
 
 

@@ -49,6 +49,11 @@ def test_error_type_is_value_error():
     # Python ints beyond int64 must name the argument, not torch's int_opts schema list.
     (dict(window_size=(2 ** 64 - 1, 0)), "window_size"),
     (dict(window_size=(-1, -2 ** 63 - 1)), "window_size"),
+    # Fixed (session 34): bool() of these is True, so they silently turned the flag on.
+    (dict(causal="false"), r"causal: expected True or False, got 'false'"),
+    (dict(causal=2), r"causal: expected True or False, got 2"),
+    (dict(causal=torch.tensor([0, 1])), r"causal: expected True or False"),
+    (dict(deterministic="no"), r"deterministic: expected True or False, got 'no'"),
 ])
 def test_unsupported_python_arguments(kwargs, match):
     q, k, v = qkv()

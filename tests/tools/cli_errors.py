@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 CLI = os.path.abspath(sys.argv[1])
 failures = []
@@ -294,7 +295,14 @@ def main():
                      out_dir)
         expect_error("bench --heads-k 3", ["bench", "--heads", "16", "--heads-k", "3"],
                      "--heads-k: expected a divisor of --heads = 16, got 3", out_dir)
-        expect_error("check --seed -1", ["check", "--seed", "-1"], "--seed: expected a number >= 0, got -1", out_dir)
+        expect_error("check --seed -1", ["check", "--seed", "-1"], "--seed: expected a decimal integer from 0 to", out_dir)
+        expect_error("check --seed 2^64", ["check", "--seed", "18446744073709551616"],
+                     "--seed: expected a decimal integer from 0 to 18446744073709551615, got 18446744073709551616", out_dir)
+        expect_error("bench --head-dim 08", ["bench", "--head-dim", "08,300"], "--head-dim: expected at most 256, got 300",
+                     out_dir)
+        expect_error("bench --heads-k huge", ["bench", "--heads-k", "99999999999999999999999"],
+                     "--heads-k: expected a number <= 2147483647, got 99999999999999999999999", out_dir)
+        expect_error("bench --heads 0x10", ["bench", "--heads", "0x10"], "--heads: expected a decimal integer", out_dir)
         dup = st("dup.safetensors", [], json.dumps({
             "q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
             "k": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}).encode().replace(b'"k"', b'"q"'), b"\0" * 16)
@@ -304,6 +312,49 @@ def main():
                                                ("v", "F32", (B, S, H, D), f32(n))])
         expect_error("0-d q in --inputs", ["run", "--inputs", scalar_q, "--out", o("o.npy")],
                      "--inputs: expected a tensor 'q' with at least one dimension", out_dir)
+        # Fixed (session 34, bad-input review): a header length 4 bytes short of its padding shifted
+        # every tensor's data by 4 bytes with exit 0; gaps and bytes past the last tensor passed too.
+        honest = safetensors([(name, "F32", (B, S, H, D), f32(n)) for name in "qkv"])
+        hlen = struct.unpack("<Q", honest[:8])[0]
+        padded = struct.pack("<Q", hlen + 8) + honest[8:8 + hlen] + b" " * 8 + honest[8 + hlen:]
+        lie = st("lie.safetensors", [], b"", b"")
+        with open(lie, "wb") as f:
+            f.write(struct.pack("<Q", hlen + 4) + padded[8:])
+        expect_error("safetensors header length short", ["run", "--inputs", lie, "--out", o("o.npy")],
+                     "the data buffer holds", out_dir)
+        expect_error("safetensors trailing bytes", ["run", "--inputs", write(d, "trail.safetensors", honest + b"junk"),
+                                                    "--out", o("o.npy")], "bytes past the last tensor", out_dir)
+        hole = st("hole.safetensors", [], json.dumps({
+            "q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "k": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]}}).encode(), b"\0" * 20)
+        expect_error("safetensors gap", ["run", "--inputs", hole, "--out", o("o.npy")],
+                     "tensor 'k' starts at byte 12 of the data buffer, expected 8", out_dir)
+        inner = st("inner.safetensors", [], b'{"q": {"dtype": "F16", "dtype": "F32", "shape": [2], '
+                                            b'"data_offsets": [0, 8]}}', b"\0" * 8)
+        expect_error("safetensors key repeated in an entry", ["run", "--inputs", inner, "--out", o("o.npy")],
+                     "repeats the key 'dtype' inside an entry", out_dir)
+        # The JSON parser's message quotes its whole last token: capped.
+        huge_token = st("huge_token.safetensors", [], b'{"' + "\u00e9".encode() * 200000 + b'\xff": 1}')
+        r = run(["run", "--inputs", huge_token, "--out", o("o.npy")])
+        if r.returncode != 1 or len(r.stderr) > 2000:
+            failures.append("huge JSON token")
+            print("FAIL %-40s rc %d, %d bytes of stderr" % ("huge JSON token", r.returncode, len(r.stderr)))
+        else:
+            print("ok   %-40s %d bytes: %s" % ("huge JSON token", len(r.stderr), r.stderr[:100]))
+        # A stream longer than its header says is read no further than that (was: until memory ran out).
+        fifo = os.path.join(d, "q.fifo")
+        os.mkfifo(fifo)
+
+        def feed():
+            try:
+                with open(fifo, "wb") as f:
+                    f.write(good)
+                    for _ in range(1 << 14):  # up to 1 GiB, then give up
+                        f.write(b"\0" * 65536)
+            except OSError:
+                pass
+        threading.Thread(target=feed, daemon=True).start()
+        expect_error("npy stream past its size", qkv + ["--q", fifo, "--out", o("o.npy")], "wrong data length", out_dir)
         nul_name = st("nul.safetensors", [("x\0y", "F32", (2,), f32(2))])
         expect_error("safetensors name with NUL", ["run", "--inputs", nul_name, "--out", o("o.npy")],
                      "(the file has: x\\x00y)", out_dir)

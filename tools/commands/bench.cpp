@@ -205,6 +205,7 @@ int bench(const BenchArgs& a) {
                                 {"results", results}};
     std::ofstream f(a.json);
     f << doc.dump(2) << "\n";
+    f.close();  // a full disk shows only when the buffer is written out
     if (!f) throw Error("--json: cannot write '" + a.json + "'");
   }
   return 0;
@@ -218,21 +219,34 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app->add_option("--dtype", args->dtypes, "comma-separated: f32, f16, bf16")->delimiter(',');
   app->add_option("--head-dim", args->head_dims, "comma-separated head dims")
+      ->transform(decimal_integer())
       ->delimiter(',')
       ->check(positive_number())
       ->check(int_sized());
   app->add_option("--seqlen", args->seqlens, "comma-separated sequence lengths (seqlen_q = seqlen_k)")
+      ->transform(decimal_integer())
       ->delimiter(',')
       ->check(positive_number())
       ->check(int_sized());
-  app->add_option("--batch", args->batch, "batch size")->check(positive_number())->check(int_sized());
-  app->add_option("--heads", args->heads, "query heads")->check(positive_number())->check(int_sized());
-  app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")->check(non_negative_number());
+  app->add_option("--batch", args->batch, "batch size")
+      ->transform(decimal_integer())
+      ->check(positive_number())
+      ->check(int_sized());
+  app->add_option("--heads", args->heads, "query heads")
+      ->transform(decimal_integer())
+      ->check(positive_number())
+      ->check(int_sized());
+  app->add_option("--heads-k", args->heads_k, "KV heads (0 = same as --heads)")
+      ->transform(decimal_integer())
+      ->check(non_negative_number())
+      ->check(int_sized());
   app->add_option("--causal", args->causal, "both, true or false");
   app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->delimiter(',');
-  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(thread_count());
+  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->transform(thread_count());
   app->add_option("--repeats", args->repeats, "timed runs after the warm-up (median reported)")
-      ->check(positive_number());
+      ->transform(decimal_integer())
+      ->check(positive_number())
+      ->check(int_sized());
   app->add_option("--max-seconds", args->max_seconds, "stop repeating a shape once its timed runs exceed this")
       ->check(positive_number());
   app->add_option("--json", args->json, "also write the results as JSON to this file");

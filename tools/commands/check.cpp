@@ -214,8 +214,8 @@ Command add_check_command(CLI::App& parent) {
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app->add_flag("--quick", args->quick, "a subset of the cases");
   app->add_flag("--verbose", args->verbose, "print every case's error table");
-  app->add_option("--seed", args->seed, "random seed (0 = fresh)")->check(non_negative_number());
-  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(thread_count());
+  app->add_option("--seed", args->seed, "random seed (0 = fresh)")->transform(seed_value());
+  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->transform(thread_count());
   return {app, [args] { return check(*args); }};
 }
 

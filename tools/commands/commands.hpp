@@ -30,6 +30,43 @@ inline CLI::Validator number_above(double lowest, bool inclusive, const char* na
       },
       name);
 }
+// Integer options (attach with ->transform(), which may rewrite the text, unlike ->check()):
+// decimal digits with an optional sign, leading zeros dropped before CLI11's conversion (which
+// reads 010 as octal 8, 0x10 as 16 and refuses 08), and at most `highest`, compared as digits so
+// that nothing past the type's range is silently clamped ("99999999999999999999999" used to come
+// out as INT64_MAX). Range checks below it keep their own messages.
+inline CLI::Validator decimal_integer(int64_t highest = 2147483647) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const bool negative = !text.empty() && text[0] == '-';
+        const std::string digits = text.substr(negative ? 1 : 0);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+          return "expected a decimal integer, got '" + text + "'";
+        const std::string value = digits.substr(std::min(digits.find_first_not_of('0'), digits.size() - 1));
+        const std::string max = std::to_string(highest);
+        if (!negative && (value.size() > max.size() || (value.size() == max.size() && value > max)))
+          return "expected a number <= " + max + ", got " + text;
+        if (negative && value.size() > 18) return "expected a number >= 0, got " + text;
+        text = (negative && value != "0" ? "-" : "") + value;
+        return std::string();
+      },
+      "INT");
+}
+// A uint64 seed: decimal, at most 2^64 - 1 (CLI11 clamps larger values to it).
+inline CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string digits = text.substr(std::min(text.find_first_not_of('0'), text.empty() ? 0 : text.size() - 1));
+        const std::string kMax = "18446744073709551615";
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+          return "expected a decimal integer from 0 to " + kMax + ", got '" + text + "'";
+        if (digits.size() > kMax.size() || (digits.size() == kMax.size() && digits > kMax))
+          return "expected a decimal integer from 0 to " + kMax + ", got " + text;
+        text = digits;
+        return std::string();
+      },
+      "SEED");
+}
 inline CLI::Validator positive_number() { return number_above(0, false, "POSITIVE"); }
 inline CLI::Validator non_negative_number() { return number_above(0, true, "NONNEGATIVE"); }
 // Sizes past int's range would saturate in the conversion and surface as a shape error elsewhere.

@@ -66,14 +66,18 @@ int main_job(const DefaultArgs& a) {
 
 Command add_default_command(CLI::App& app) {
   auto args = std::make_shared<DefaultArgs>();
-  app.add_option("--threads", args->threads, "default job: CPU threads (0 = all)")->check(thread_count());
+  app.add_option("--threads", args->threads, "default job: CPU threads (0 = all)")->transform(thread_count());
   app.add_option("--check-groups", args->check_groups,
                  "default job: KV groups (4 query heads each) checked against the reference, spread from "
                  "the first to the last; 8 = all")
+      ->transform(decimal_integer())
       ->check(CLI::Range(1, 8));
   app.add_option("--device", args->device, "default job: cpu, cuda or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--seqlen", args->seqlen, "default job: sequence length")->check(positive_number())->check(int_sized());
+  app.add_option("--seqlen", args->seqlen, "default job: sequence length")
+      ->transform(decimal_integer())
+      ->check(positive_number())
+      ->check(int_sized());
   return {&app, [args] { return main_job(*args); }};
 }
 

@@ -194,7 +194,8 @@ int run(const RunArgs& a) {
       continue;
     }
     if (path->empty() && !out_st) {
-      throw Error(option + ": required with --dout (or give a .safetensors --out to hold every output)");
+      throw Error(option + ": required with " + (a.dout.empty() ? "the dout that --inputs holds" : "--dout") +
+                  " (or give a .safetensors --out to hold every output)");
     }
     targets.push_back(path->empty() ? Target{name, "--out", a.out} : Target{name, option, *path});
   }
@@ -350,7 +351,7 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--dv", args->dv, "output file for dv");
   app->add_option("--device", args->device, "auto (cuda when available), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->check(thread_count());
+  app->add_option("--threads", args->threads, "CPU threads (0 = all)")->transform(thread_count());
   app->add_flag("--deterministic", args->deterministic, "bitwise-repeatable backward");
   app->add_flag("--check", args->check, "compare every output with the float64 reference; exit 1 on FAIL");
   return {app, [args] { return run(*args); }};

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <system_error>
 
 #include "io/npy.hpp"
@@ -139,15 +140,21 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
   }
   uint8_t buf[1 << 16];
   std::size_t n;
+  std::optional<uint64_t> total;  // a stream's size from its header, once that is complete
   try {
     while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
       if (bytes.size() + n > max_bytes) throw too_big(stream ? "not a regular file, and it gave" : "it grew to");
       bytes.insert(bytes.end(), buf, buf + n);
       // A stream (a pipe, /dev/zero) that starts as neither format could go on forever: its first
       // chunk (fread returns a whole buffer unless the stream ends) is enough for the parser to say
-      // what is wrong with it.
-      if (stream && bytes.size() == n && !has_npy_magic(bytes.data(), n) && !starts_like_safetensors(bytes.data(), n)) {
-        break;
+      // what is wrong with it. One that starts as either is read no further than one byte past
+      // the size its header gives (the parser then reports the wrong length), not until memory
+      // runs out.
+      if (stream) {
+        const bool npy = has_npy_magic(bytes.data(), bytes.size());
+        if (!npy && !starts_like_safetensors(bytes.data(), bytes.size())) break;
+        if (!total) total = npy ? npy_file_size(bytes.data(), bytes.size()) : safetensors_file_size(bytes.data(), bytes.size());
+        if (total && bytes.size() > *total) break;
       }
     }
   } catch (const std::bad_alloc&) {

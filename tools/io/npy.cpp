@@ -164,7 +164,17 @@ bool has_npy_magic(const uint8_t* bytes, std::size_t size) {
   return size >= kMagicLen && std::memcmp(bytes, kMagic, kMagicLen) == 0;
 }
 
-HostTensor read_npy(const uint8_t* bytes, std::size_t size) {
+namespace {
+
+struct NpyHeader {
+  HostTensor tensor;  // dtype and shape; no data
+  std::string descr;
+  uint64_t nbytes = 0;
+  std::size_t data_start = 0;
+};
+
+// Everything up to the array bytes; throws as read_npy does.
+NpyHeader parse_npy_header(const uint8_t* bytes, std::size_t size) {
   if (!has_npy_magic(bytes, size)) {
     fail(size < kMagicLen ? "truncated file (" + std::to_string(size) + " bytes): not an .npy file"
                           : "not an .npy file (missing the \\x93NUMPY magic)");
@@ -206,18 +216,44 @@ HostTensor read_npy(const uint8_t* bytes, std::size_t size) {
   }
   if (fortran_order) fail("fortran_order True is not supported (save a C-contiguous array)");
 
-  HostTensor t;
-  t.dtype = *dtype;
-  t.shape = shape;
-  const uint64_t nbytes = checked_byte_size(shape, element_size(t.dtype), "npy");
-  const std::size_t data_start = header_start + header_len;
+  NpyHeader h;
+  h.tensor.dtype = *dtype;
+  h.tensor.shape = shape;
+  h.descr = descr;
+  h.nbytes = checked_byte_size(shape, element_size(h.tensor.dtype), "npy");
+  h.data_start = header_start + header_len;
+  return h;
+}
+
+}  // namespace
+
+std::optional<uint64_t> npy_file_size(const uint8_t* bytes, std::size_t size) {
+  if (size < kMagicLen + 4) return std::nullopt;
+  const std::size_t len_bytes = bytes[6] == 1 ? 2 : 4;
+  if (size < kMagicLen + 2 + len_bytes) return std::nullopt;
+  if (read_le(bytes + 8, static_cast<int>(len_bytes)) > size - (kMagicLen + 2 + len_bytes)) return std::nullopt;
+  try {
+    const NpyHeader h = parse_npy_header(bytes, size);
+    return h.data_start + h.nbytes;
+  } catch (const Error&) {
+    return 0;  // read_npy will say what is wrong with the header
+  }
+}
+
+HostTensor read_npy(const uint8_t* bytes, std::size_t size) {
+  NpyHeader h = parse_npy_header(bytes, size);
+  HostTensor& t = h.tensor;
+  const std::vector<int64_t>& shape = t.shape;
+  const std::string& descr = h.descr;
+  const uint64_t nbytes = h.nbytes;
+  const std::size_t data_start = h.data_start;
   const uint64_t have = size - data_start;
   if (have != nbytes) {
     fail("wrong data length: shape " + shape_string(shape) + " of " + descr + " needs " + std::to_string(nbytes) +
          " bytes, the file has " + std::to_string(have));
   }
   t.data.assign(bytes + data_start, bytes + size);
-  return t;
+  return std::move(t);
 }
 
 std::vector<uint8_t> write_npy(const HostTensor& tensor) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "io/host_tensor.hpp"
@@ -16,6 +17,11 @@ namespace flashattn::io {
 
 // Whether bytes start with the .npy magic "\x93NUMPY" (the first thing read_npy checks).
 bool has_npy_magic(const uint8_t* bytes, std::size_t size);
+
+// The byte size of the whole .npy file that bytes[0, size) begins, from its header: nullopt while
+// the header is incomplete, 0 when it is malformed (read_npy says how). Lets a stream be read no
+// further than its header says.
+std::optional<uint64_t> npy_file_size(const uint8_t* bytes, std::size_t size);
 
 // Parses a whole .npy file. Throws flashattn::Error for a truncated or malformed header, an
 // unsupported or big-endian dtype, fortran_order True, an overflowing shape, or a data length that

@@ -69,6 +69,24 @@ bool starts_like_safetensors(const uint8_t* bytes, std::size_t size) {
   return size >= 9 && header_length(bytes) <= kMaxHeader && bytes[8] == '{';
 }
 
+std::optional<uint64_t> safetensors_file_size(const uint8_t* bytes, std::size_t size) {
+  if (size < 8) return std::nullopt;
+  const uint64_t header_len = header_length(bytes);
+  if (header_len > kMaxHeader) return 0;
+  if (size - 8 < header_len) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
+    uint64_t end = 0;
+    for (const auto& [name, info] : j.items()) {
+      if (name == "__metadata__") continue;
+      end = std::max(end, info.at("data_offsets").at(1).get<uint64_t>());
+    }
+    return end > UINT64_MAX - 8 - header_len ? 0 : 8 + header_len + end;
+  } catch (const nlohmann::json::exception&) {
+    return 0;  // SafetensorsFile says what is wrong with the header
+  }
+}
+
 SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
   if (size < 8) fail("truncated file (" + std::to_string(size) + " bytes): no 8-byte header length");
   const uint64_t header_len = header_length(bytes);
@@ -82,26 +100,37 @@ SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
   const uint64_t data_size = size - 8 - header_len;
 
   nlohmann::json j;
-  // A JSON object keeps the last of two equal keys; a header naming one tensor twice is refused
-  // instead (the safetensors reference implementation refuses it too), so that which data a name
-  // means never depends on the parser.
-  std::set<std::string> names;
+  // A JSON object keeps the last of two equal keys; a header that repeats a key (a tensor's name,
+  // or a field inside one tensor's entry) is refused instead, as the safetensors reference
+  // implementation does, so that which data a name means never depends on the parser.
+  std::vector<std::set<std::string>> keys;  // one set per open object
   std::string duplicate;
+  int duplicate_depth = 0;
   const auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) keys.emplace_back();
+    else if (event == E::object_end && !keys.empty()) keys.pop_back();
+    else if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+             duplicate.empty()) {
       duplicate = parsed.get<std::string>();
+      duplicate_depth = depth;
+    }
     return true;
   };
   try {
     j = nlohmann::json::parse(header, header + header_len, no_duplicates);
   } catch (const nlohmann::json::exception& e) {
-    fail(std::string("malformed JSON header: ") + e.what());
+    // The parser quotes its whole last token, which can be most of a 100 MB header.
+    const std::string what = e.what();
+    fail("malformed JSON header: " + (what.size() > 300 ? what.substr(0, 300) + "..." : what));
   }
-  if (!duplicate.empty()) fail("the header names tensor '" + printable_name(duplicate) + "' twice");
+  if (!duplicate.empty()) {
+    fail(duplicate_depth == 1 ? "the header names tensor '" + printable_name(duplicate) + "' twice"
+                              : "the header repeats the key '" + printable_name(duplicate) + "' inside an entry");
+  }
   if (!j.is_object()) fail("malformed header: expected a JSON object, got " + std::string(j.type_name()));
 
-  std::vector<const Entry*> by_offset;
+  std::vector<std::pair<std::string, const Entry*>> by_offset;
   for (const auto& [name, info] : j.items()) {
     if (name == "__metadata__") continue;
     const std::string what = "tensor '" + printable_name(name) + "'";
@@ -135,13 +164,31 @@ SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
       fail(what + ": data_offsets span " + std::to_string(e.end - e.begin) + " bytes, shape " + shape_string(e.shape) +
            " of " + e.dtype + " needs " + std::to_string(nbytes));
     }
-    by_offset.push_back(&entries_.emplace(name, std::move(e)).first->second);
+    by_offset.emplace_back(name, &entries_.emplace(name, std::move(e)).first->second);
   }
-  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  // The tensors tile the data buffer exactly, in offset order (the reference implementation's
+  // rule): an overlap, a gap or bytes past the last tensor mean offsets or the header length are
+  // wrong, and a header length a few bytes short of its padding would otherwise shift every
+  // tensor's data without an error.
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+    return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
   });
-  for (std::size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) fail("tensors have overlapping data_offsets");
+  uint64_t covered = 0;
+  std::string previous;
+  for (const auto& [name, e] : by_offset) {
+    if (e->begin < covered) {
+      fail("tensors '" + printable_name(previous) + "' and '" + printable_name(name) + "' have overlapping data_offsets");
+    }
+    if (e->begin > covered) {
+      fail("tensor '" + printable_name(name) + "' starts at byte " + std::to_string(e->begin) + " of the data buffer, " +
+           "expected " + std::to_string(covered) + " (the tensors must follow each other without gaps)");
+    }
+    covered = e->end;
+    previous = name;
+  }
+  if (covered != data_size) {
+    fail("the data buffer holds " + std::to_string(data_size) + " bytes, the tensors " + std::to_string(covered) +
+         " (a wrong header length, or bytes past the last tensor)");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,9 @@ namespace flashattn::io {
 // Whether bytes start as a safetensors file does: a header length within the 100 MB cap, then the
 // JSON header's '{' (a cheap test on a file's first bytes; SafetensorsFile validates the rest).
 bool starts_like_safetensors(const uint8_t* bytes, std::size_t size);
+// The byte size of the whole .safetensors file that bytes[0, size) begins, from its header: nullopt
+// while the header is incomplete, 0 when it is malformed (SafetensorsFile says how).
+std::optional<uint64_t> safetensors_file_size(const uint8_t* bytes, std::size_t size);
 
 class SafetensorsFile {
  public:
