@@ -290,6 +290,15 @@ def main():
         expect_error("bench --json unwritable", ["bench", "--json", os.path.join(out_dir, "no", "such", "b.json")],
                      "--json: cannot write", out_dir)
         expect_error("check bad device", ["check", "--device", "tpu"], "device", out_dir)
+        if os.path.exists("/dev/full"):  # fixed (session 34): a full disk lost the JSON with exit 0
+            r = run(["bench", "--json", "/dev/full", "--head-dim", "16", "--seqlen", "16", "--pass", "fwd", "--causal",
+                     "false", "--repeats", "1", "--dtype", "f32"])
+            last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+            if r.returncode == 1 and "--json: cannot write '/dev/full'" in last:
+                print("ok   %-40s %s" % ("bench --json full disk", last))
+            else:
+                failures.append("bench --json full disk")
+                print("FAIL %-40s rc %d, stderr %r" % ("bench --json full disk", r.returncode, r.stderr[-300:]))
         # Fixed (session 34): these failed late, in the library's words (q: / k:), or not at all.
         expect_error("bench --head-dim 300", ["bench", "--head-dim", "300"], "--head-dim: expected at most 256, got 300",
                      out_dir)
