@@ -56,10 +56,10 @@ inline CLI::Validator decimal_integer(int64_t highest = 2147483647) {
 inline CLI::Validator seed_value() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        const std::string digits = text.substr(std::min(text.find_first_not_of('0'), text.empty() ? 0 : text.size() - 1));
         const std::string kMax = "18446744073709551615";
         if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
           return "expected a decimal integer from 0 to " + kMax + ", got '" + text + "'";
+        const std::string digits = text.substr(std::min(text.find_first_not_of('0'), text.size() - 1));
         if (digits.size() > kMax.size() || (digits.size() == kMax.size() && digits > kMax))
           return "expected a decimal integer from 0 to " + kMax + ", got " + text;
         text = digits;

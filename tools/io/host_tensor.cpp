@@ -147,13 +147,15 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
       bytes.insert(bytes.end(), buf, buf + n);
       // A stream (a pipe, /dev/zero) that starts as neither format could go on forever: its first
       // chunk (fread returns a whole buffer unless the stream ends) is enough for the parser to say
-      // what is wrong with it. One that starts as either is read no further than one byte past
-      // the size its header gives (the parser then reports the wrong length), not until memory
-      // runs out.
+      // what is wrong with it. One that starts as either is read no further than the chunk that
+      // passes the size its header gives (the parser then reports the wrong length), not until
+      // memory runs out.
       if (stream) {
         const bool npy = has_npy_magic(bytes.data(), bytes.size());
         if (!npy && !starts_like_safetensors(bytes.data(), bytes.size())) break;
-        if (!total) total = npy ? npy_file_size(bytes.data(), bytes.size()) : safetensors_file_size(bytes.data(), bytes.size());
+        if (!total) {
+          total = npy ? npy_file_size(bytes.data(), bytes.size()) : safetensors_file_size(bytes.data(), bytes.size());
+        }
         if (total && bytes.size() > *total) break;
       }
     }

@@ -177,7 +177,8 @@ SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
   std::string previous;
   for (const auto& [name, e] : by_offset) {
     if (e->begin < covered) {
-      fail("tensors '" + printable_name(previous) + "' and '" + printable_name(name) + "' have overlapping data_offsets");
+      fail("tensors '" + printable_name(previous) + "' and '" + printable_name(name) +
+           "' have overlapping data_offsets");
     }
     if (e->begin > covered) {
       fail("tensor '" + printable_name(name) + "' starts at byte " + std::to_string(e->begin) + " of the data buffer, " +
@@ -205,7 +206,9 @@ HostTensor SafetensorsFile::get(const std::string& name) const {
   else if (e.dtype == "F16") t.dtype = DType::f16;
   else if (e.dtype == "BF16") t.dtype = DType::bf16;
   else if (e.dtype == "I32") t.dtype = DType::i32;
-  else fail("tensor '" + printable_name(name) + "' has dtype " + printable_name(e.dtype) + ", expected F32, F16, BF16 or I32");
+  else
+    fail("tensor '" + printable_name(name) + "' has dtype " + printable_name(e.dtype) +
+         ", expected F32, F16, BF16 or I32");
   t.shape = e.shape;
   t.data.assign(data_ + e.begin, data_ + e.end);
   return t;
