@@ -311,6 +311,10 @@ def main():
                      out_dir)
         expect_error("bench --heads-k huge", ["bench", "--heads-k", "99999999999999999999999"],
                      "--heads-k: expected a number <= 2147483647, got 99999999999999999999999", out_dir)
+        # Fixed (session 34): CLI11's splitting dropped empty entries ("64,,32" ran as "64,32").
+        for option, value in (("--head-dim", "64,,32"), ("--pass", "fwd,"), ("--dtype", ","), ("--seqlen", ",16")):
+            expect_error("bench %s %s" % (option, value), ["bench", option, value],
+                         "%s: expected a comma-separated list without empty entries, got '%s'" % (option, value), out_dir)
         expect_error("bench --heads 0x10", ["bench", "--heads", "0x10"], "--heads: expected a decimal integer", out_dir)
         dup = st("dup.safetensors", [], json.dumps({
             "q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},

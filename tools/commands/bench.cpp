@@ -24,12 +24,14 @@ namespace {
 
 struct BenchArgs {
   std::string device = "cpu";
-  std::vector<std::string> dtypes = {"f32", "bf16"};
-  std::vector<int64_t> head_dims = {64, 128};
-  std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192};
+  // The comma lists as given (split and checked by bench(): CLI11's own splitting drops empty
+  // entries, so "64,,32" would pass as "64,32").
+  std::vector<std::string> dtypes = {"f32,bf16"};
+  std::vector<std::string> head_dims_text = {"64,128"};
+  std::vector<std::string> seqlens_text = {"512,1024,2048,4096,8192"};
   int64_t batch = 1, heads = 16, heads_k = 0;
   std::string causal = "both";
-  std::vector<std::string> passes = {"fwd", "bwd"};
+  std::vector<std::string> passes = {"fwd,bwd"};
   int threads = 0, repeats = 5;
   double max_seconds = 20.0;
   std::string json;
@@ -97,7 +99,43 @@ Measurement measure(Fn&& call, int repeats, double max_seconds) {
   return m;
 }
 
-int bench(const BenchArgs& a) {
+// An option's comma lists (each occurrence one list), entries in order; an empty entry is an error.
+std::vector<std::string> split_list(const std::string& option, const std::vector<std::string>& lists) {
+  std::vector<std::string> entries;
+  for (const std::string& list : lists) {
+    for (std::size_t start = 0;;) {
+      const std::size_t comma = list.find(',', start);
+      std::string entry = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (entry.empty()) {
+        throw Error(option + ": expected a comma-separated list without empty entries, got '" + list + "'");
+      }
+      entries.push_back(std::move(entry));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return entries;
+}
+
+// A list of positive ints, each entry checked as a single integer option is.
+std::vector<int64_t> int_list(const std::string& option, const std::vector<std::string>& lists) {
+  std::vector<int64_t> values;
+  for (std::string entry : split_list(option, lists)) {
+    for (CLI::Validator check : {decimal_integer(), positive_number(), int_sized()}) {
+      const std::string problem = check(entry);
+      if (!problem.empty()) throw Error(option + ": " + problem);
+    }
+    values.push_back(std::stoll(entry));
+  }
+  return values;
+}
+
+int bench(const BenchArgs& a_in) {
+  BenchArgs a = a_in;
+  const std::vector<int64_t> head_dims = int_list("--head-dim", a.head_dims_text);
+  const std::vector<int64_t> seqlens = int_list("--seqlen", a.seqlens_text);
+  a.dtypes = split_list("--dtype", a.dtypes);
+  a.passes = split_list("--pass", a.passes);
   const Device device = resolve_device(a.device);
   if (!a.json.empty()) {
     // Before the sweep, not after minutes of it.
@@ -119,7 +157,7 @@ int bench(const BenchArgs& a) {
   const int64_t heads_k = a.heads_k > 0 ? a.heads_k : a.heads;
   // Before the sweep, in the options' own names (the library would name q's and k's shapes, after
   // the shapes before them had run).
-  for (const int64_t hd : a.head_dims)
+  for (const int64_t hd : head_dims)
     if (hd > kMaxHeadDim)
       throw Error("--head-dim: expected at most " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(hd));
   if (a.heads % heads_k != 0)
@@ -139,12 +177,12 @@ int bench(const BenchArgs& a) {
   std::printf("%-4s %-5s %5s %7s %-6s %11s %10s %10s %5s  %s\n", "pass", "dtype", "hdim", "seqlen", "causal",
               "median ms", "GFLOP/s", "work MiB", "runs", "kernel");
   std::fflush(stdout);
-  const std::size_t total = dtypes.size() * a.head_dims.size() * a.seqlens.size();
+  const std::size_t total = dtypes.size() * head_dims.size() * seqlens.size();
   std::size_t done = 0;
   std::mt19937_64 rng(std::random_device{}());
   for (DType dtype : dtypes) {
-    for (int64_t hd : a.head_dims) {
-      for (int64_t sl : a.seqlens) {
+    for (int64_t hd : head_dims) {
+      for (int64_t sl : seqlens) {
         ++done;
         std::fprintf(stderr, "[%zu/%zu] %s head_dim %lld seqlen %lld\n", done, total, io::dtype_label(dtype),
                      static_cast<long long>(hd), static_cast<long long>(sl));
@@ -217,17 +255,10 @@ Command add_bench_command(CLI::App& parent) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* app = parent.add_subcommand("bench", "Benchmark GFLOP/s and working memory over a sweep of shapes.");
   app->add_option("--device", args->device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app->add_option("--dtype", args->dtypes, "comma-separated: f32, f16, bf16")->delimiter(',');
-  app->add_option("--head-dim", args->head_dims, "comma-separated head dims")
-      ->transform(decimal_integer())
-      ->delimiter(',')
-      ->check(positive_number())
-      ->check(int_sized());
-  app->add_option("--seqlen", args->seqlens, "comma-separated sequence lengths (seqlen_q = seqlen_k)")
-      ->transform(decimal_integer())
-      ->delimiter(',')
-      ->check(positive_number())
-      ->check(int_sized());
+  app->add_option("--dtype", args->dtypes, "comma-separated: f32, f16, bf16")->type_name("LIST");
+  app->add_option("--head-dim", args->head_dims_text, "comma-separated head dims")->type_name("LIST");
+  app->add_option("--seqlen", args->seqlens_text, "comma-separated sequence lengths (seqlen_q = seqlen_k)")
+      ->type_name("LIST");
   app->add_option("--batch", args->batch, "batch size")
       ->transform(decimal_integer())
       ->check(positive_number())
@@ -241,7 +272,7 @@ Command add_bench_command(CLI::App& parent) {
       ->check(non_negative_number())
       ->check(int_sized());
   app->add_option("--causal", args->causal, "both, true or false");
-  app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->delimiter(',');
+  app->add_option("--pass", args->passes, "comma-separated: fwd, bwd")->type_name("LIST");
   app->add_option("--threads", args->threads, "CPU threads (0 = all)")->transform(thread_count());
   app->add_option("--repeats", args->repeats, "timed runs after the warm-up (median reported)")
       ->transform(decimal_integer())
