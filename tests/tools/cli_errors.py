@@ -368,6 +368,11 @@ def main():
                 pass
         threading.Thread(target=feed, daemon=True).start()
         expect_error("npy stream past its size", qkv + ["--q", fifo, "--out", o("o.npy")], "wrong data length", out_dir)
+        meta = st("meta.safetensors", [], json.dumps({
+            "__metadata__": {"format": 1}, "q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode(),
+            b"\0" * 8)
+        expect_error("safetensors __metadata__ not strings", ["run", "--inputs", meta, "--out", o("o.npy")],
+                     "'__metadata__': expected an object of string values", out_dir)
         nul_name = st("nul.safetensors", [("x\0y", "F32", (2,), f32(2))])
         expect_error("safetensors name with NUL", ["run", "--inputs", nul_name, "--out", o("o.npy")],
                      "(the file has: x\\x00y)", out_dir)

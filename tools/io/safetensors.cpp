@@ -132,7 +132,14 @@ SafetensorsFile::SafetensorsFile(const uint8_t* bytes, std::size_t size) {
 
   std::vector<std::pair<std::string, const Entry*>> by_offset;
   for (const auto& [name, info] : j.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      // Free-form, but of the format's shape: string keys to string values.
+      bool strings = info.is_object();
+      if (strings)
+        for (const auto& value : info) strings = strings && value.is_string();
+      if (!strings) fail("'__metadata__': expected an object of string values");
+      continue;
+    }
     const std::string what = "tensor '" + printable_name(name) + "'";
     if (!info.is_object()) fail(what + ": expected an object with dtype, shape, data_offsets");
     const auto dt = info.find("dtype");
