@@ -130,12 +130,9 @@ std::vector<int64_t> int_list(const std::string& option, const std::vector<std::
   return values;
 }
 
-int bench(const BenchArgs& a_in) {
-  BenchArgs a = a_in;
+int bench(const BenchArgs& a) {
   const std::vector<int64_t> head_dims = int_list("--head-dim", a.head_dims_text);
   const std::vector<int64_t> seqlens = int_list("--seqlen", a.seqlens_text);
-  a.dtypes = split_list("--dtype", a.dtypes);
-  a.passes = split_list("--pass", a.passes);
   const Device device = resolve_device(a.device);
   if (!a.json.empty()) {
     // Before the sweep, not after minutes of it.
@@ -146,10 +143,10 @@ int bench(const BenchArgs& a_in) {
     }
   }
   std::vector<DType> dtypes;
-  for (const std::string& s : a.dtypes) dtypes.push_back(parse_dtype(s));
+  for (const std::string& s : split_list("--dtype", a.dtypes)) dtypes.push_back(parse_dtype(s));
   const std::vector<bool> causals = parse_causal(a.causal);
   bool do_fwd = false, do_bwd = false;
-  for (const std::string& p : a.passes) {
+  for (const std::string& p : split_list("--pass", a.passes)) {
     if (p == "fwd") do_fwd = true;
     else if (p == "bwd") do_bwd = true;
     else throw Error("--pass: expected fwd and/or bwd, got '" + p + "'");

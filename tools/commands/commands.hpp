@@ -30,6 +30,15 @@ inline CLI::Validator number_above(double lowest, bool inclusive, const char* na
       },
       name);
 }
+// Decimal digits without their leading zeros ("0" for all zeros; digits not empty).
+inline std::string without_leading_zeros(const std::string& digits) {
+  return digits.substr(std::min(digits.find_first_not_of('0'), digits.size() - 1));
+}
+// Whether a decimal number (no leading zeros) is above another, compared as digits: past any
+// integer type's range too.
+inline bool decimal_above(const std::string& value, const std::string& max) {
+  return value.size() > max.size() || (value.size() == max.size() && value > max);
+}
 // Integer options (attach with ->transform(), which may rewrite the text, unlike ->check()):
 // decimal digits with an optional sign, leading zeros dropped before CLI11's conversion (which
 // reads 010 as octal 8, 0x10 as 16 and refuses 08), and at most `highest`, compared as digits so
@@ -42,10 +51,9 @@ inline CLI::Validator decimal_integer(int64_t highest = 2147483647) {
         const std::string digits = text.substr(negative ? 1 : 0);
         if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
           return "expected a decimal integer, got '" + text + "'";
-        const std::string value = digits.substr(std::min(digits.find_first_not_of('0'), digits.size() - 1));
+        const std::string value = without_leading_zeros(digits);
         const std::string max = std::to_string(highest);
-        if (!negative && (value.size() > max.size() || (value.size() == max.size() && value > max)))
-          return "expected a number <= " + max + ", got " + text;
+        if (!negative && decimal_above(value, max)) return "expected a number <= " + max + ", got " + text;
         if (negative && value.size() > 18) return "expected a number >= 0, got " + text;
         text = (negative && value != "0" ? "-" : "") + value;
         return std::string();
@@ -59,10 +67,9 @@ inline CLI::Validator seed_value() {
         const std::string kMax = "18446744073709551615";
         if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
           return "expected a decimal integer from 0 to " + kMax + ", got '" + text + "'";
-        const std::string digits = text.substr(std::min(text.find_first_not_of('0'), text.size() - 1));
-        if (digits.size() > kMax.size() || (digits.size() == kMax.size() && digits > kMax))
-          return "expected a decimal integer from 0 to " + kMax + ", got " + text;
-        text = digits;
+        const std::string value = without_leading_zeros(text);
+        if (decimal_above(value, kMax)) return "expected a decimal integer from 0 to " + kMax + ", got " + text;
+        text = value;
         return std::string();
       },
       "SEED");
@@ -87,10 +94,9 @@ inline CLI::Validator thread_count() {
         // Decimal digits only: CLI11 would read 0x10 as 16 and 010 as 8 (so leading zeros are
         // dropped here, before its conversion).
         const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-        const std::size_t first = digits ? std::min(text.find_first_not_of('0'), text.size() - 1) : 0;
-        if (!digits || text.size() - first > 4 || std::stoi(text.substr(first)) > 4096)
+        if (!digits || decimal_above(without_leading_zeros(text), "4096"))
           return "expected an integer from 0 to 4096 (0 = all cores), got '" + text + "'";
-        text = text.substr(first);
+        text = without_leading_zeros(text);
         return std::string();
       },
       "THREADS");

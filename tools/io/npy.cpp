@@ -242,18 +242,13 @@ std::optional<uint64_t> npy_file_size(const uint8_t* bytes, std::size_t size) {
 
 HostTensor read_npy(const uint8_t* bytes, std::size_t size) {
   NpyHeader h = parse_npy_header(bytes, size);
-  HostTensor& t = h.tensor;
-  const std::vector<int64_t>& shape = t.shape;
-  const std::string& descr = h.descr;
-  const uint64_t nbytes = h.nbytes;
-  const std::size_t data_start = h.data_start;
-  const uint64_t have = size - data_start;
-  if (have != nbytes) {
-    fail("wrong data length: shape " + shape_string(shape) + " of " + descr + " needs " + std::to_string(nbytes) +
-         " bytes, the file has " + std::to_string(have));
+  const uint64_t have = size - h.data_start;
+  if (have != h.nbytes) {
+    fail("wrong data length: shape " + shape_string(h.tensor.shape) + " of " + h.descr + " needs " +
+         std::to_string(h.nbytes) + " bytes, the file has " + std::to_string(have));
   }
-  t.data.assign(bytes + data_start, bytes + size);
-  return std::move(t);
+  h.tensor.data.assign(bytes + h.data_start, bytes + size);
+  return std::move(h.tensor);
 }
 
 std::vector<uint8_t> write_npy(const HostTensor& tensor) {
