@@ -6,6 +6,7 @@ wgmma forms the sm90 kernels use (PTX ISA, "wgmma.mma_async"):
   rs: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, MN-major)     (O += P V, dV += Pᵀ dO)
   rk: D(64xN, f32) (+)= A(64x16, registers)     * B(16xN, smem, K-major)      (S = Q K^T, Q in registers)
   tt: D(64xN, f32) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)     (dQ += dS K)
+  ts: D(64xN, f32) (+)= A(64x16, smem, MN-major) * B(16xN, smem, K-major)      (dQᵀ += Kᵀ dSᵀ)
   st: D(64xN, f32) (+)= A(64x16, smem, K-major)  * B(16xN, smem, MN-major)     (dV += Pᵀ dO, Pᵀ shared)
 
 and for e4m3 (the FP8 forward) ss and rk with k32 (A 64x32, B 32xN), both operands K-major.
@@ -54,6 +55,7 @@ def emit_form(name, n, nacc, ptx_type, acc_ops, a_in_registers, trans, k=16):
 # no transpose immediates: both operands K-major).
 FORMS_16BIT = (("ss", False, (0, 0)),  # both K-major
                ("tt", False, (1, 1)),  # both MN-major (transposed)
+               ("ts", False, (1, 0)),  # A MN-major, B K-major
                ("st", False, (0, 1)),  # A K-major, B MN-major
                ("rs", True, (None, 1)),  # A registers, B MN-major
                ("rk", True, (None, 0)))  # A registers, B K-major

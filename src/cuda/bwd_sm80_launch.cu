@@ -140,6 +140,54 @@ __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_kernel(const __gr
   }
 }
 
+// The same for the 80-row blocks of BwdSm90Bm80Config's accumulator (BwdParams): one block of
+// threads per (80-row tile, head, batch) reads the tile's 8 blocks of 80 x 16 floats as float4 (the
+// layout's order), transposes them through shared memory and writes 16-byte row chunks of dq.
+template <typename Elem>
+__global__ void __launch_bounds__(kRowThreads) bwd_postprocess_bm80_kernel(const __grid_constant__ BwdParams p) {
+  using Storage = typename Elem::Storage;
+  constexpr int kRows = 80, kCols = 128, kLd = kCols + 4;  // +4: row starts 4 banks apart
+  __shared__ float tile[kRows * kLd];
+  griddep_wait();
+  const int b = blockIdx.y, h = static_cast<int>(blockIdx.x / (p.stat_rows / kRows));
+  const int i0 = static_cast<int>(blockIdx.x % (p.stat_rows / kRows)) * kRows;
+  int64_t start = 0;
+  int len = p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    start = p.cu_seqlens_q[b];
+    len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+  }
+  if (i0 >= len) return;
+  const float4* src = reinterpret_cast<const float4*>(
+      p.dq_accum + ((static_cast<int64_t>(b) * p.num_heads + h) * p.stat_rows + i0) * kCols);
+  for (int v = threadIdx.x; v < kRows * kCols / 4; v += kRowThreads) {
+    // float4 v: block v / 320 (16 columns), chunk of 8 rows (v % 320) / 32, column (v % 32) / 2,
+    // rows 4·(v % 2) .. + 3 of the chunk.
+    const float4 x = src[v];
+    const int blk = v / 320, w = v % 320;
+    const int r = (w / 32) * 8 + (w % 2) * 4, c = blk * 16 + (w % 32) / 2;
+    tile[r * kLd + c] = x.x;
+    tile[(r + 1) * kLd + c] = x.y;
+    tile[(r + 2) * kLd + c] = x.z;
+    tile[(r + 3) * kLd + c] = x.w;
+  }
+  __syncthreads();
+  const float s = p.softmax_scale;
+  for (int u = threadIdx.x; u < kRows * (kCols / 8); u += kRowThreads) {
+    const int r = u / (kCols / 8), c = (u % (kCols / 8)) * 8;
+    if (i0 + r >= len || c >= p.head_dim) continue;
+    const float* x = tile + r * kLd + c;
+    uint4 out;
+    out.x = pack2<Elem>(x[0] * s, x[1] * s);
+    out.y = pack2<Elem>(x[2] * s, x[3] * s);
+    out.z = pack2<Elem>(x[4] * s, x[5] * s);
+    out.w = pack2<Elem>(x[6] * s, x[7] * s);
+    Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + (start + i0 + r) * p.dq_row_stride +
+                   h * p.dq_head_stride;
+    *reinterpret_cast<uint4*>(dst + c) = out;
+  }
+}
+
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
   if (dtype == DType::f16) {
@@ -256,14 +304,24 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   BwdParams bp = make_bwd_params(p);
   if (bp.batch == 0) return;
 
-  // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator.
-  bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
-  const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
-  // The Hopper kernels' bulk reduce-adds want whole 64 x 64 tiles over the head_dim bucket, or in
-  // the 256 bucket over the head-dim-split kernel's config (192 columns where head_dim and
-  // head_dim_v are both <= 192: tile_256; FLASHATTN_CUDA_BWD_D192=0 keeps the 256 config, read
-  // at every call for A/B runs). The launch takes the config from these columns.
   const int bucket = bwd_sm80_head_dim_bucket(p);
+  // The Hopper kernel at head_dim 128 without a mask (no causal mask, no window) and without
+  // softcap or ALiBi (their element-wise code spilled next to 80-query tiles) steps 80 query rows
+  // at a time (BwdSm90Bm80Config, FA-3's tile there); FLASHATTN_CUDA_BWD_BM80=0 keeps 64 (read at
+  // every call, for A/B runs in one process).
+  const bool bm80 = use_sm90 && bucket == 128 && bp.window_size_left < 0 && bp.window_size_right < 0 &&
+                    bp.softcap == 0.f && bp.alibi_slopes == nullptr && !env_is("FLASHATTN_CUDA_BWD_BM80", "0");
+  bp.dq_accum_tile_rows = bm80 ? BwdSm90Bm80Config::kBlockM : 64;
+  // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator. 80-row
+  // steps read their statistics and add their dQ in whole 80-row tiles too.
+  bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
+  if (bm80) bp.stat_rows = (bp.stat_rows + 79) / 80 * 80;
+  const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
+  // The Hopper kernels' bulk reduce-adds want whole 64 x 64 tiles over the head_dim bucket (80 x
+  // 16 blocks under bm80), or in the 256 bucket over the head-dim-split kernel's config (192
+  // columns where head_dim and head_dim_v are both <= 192: tile_256; FLASHATTN_CUDA_BWD_D192=0
+  // keeps the 256 config, read at every call for A/B runs). The launch takes the config from these
+  // columns.
   bp.dq_accum_cols = !use_sm90                      ? 0
                      : !bwd_sm90_dsplit_bucket(bucket) ? bucket
                                                        : bwd_256_tile_cols(tile_256(
@@ -282,7 +340,9 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   if (use_sm90 && !bwd_sm90_dsplit_bucket(bucket) && bp.seqlen_k > 0 && bp.seqlen_q > 0 &&
       !env_is("FLASHATTN_CUDA_BWD_SPLIT_TAIL", "0")) {
     const int block_n = BwdSm90Config<128>::kBlockN;
-    const int block_m = bucket <= 64 ? BwdSm90Config<64>::kBlockM : BwdSm90Config<128>::kBlockM;
+    const int block_m = bucket <= 64 ? BwdSm90Config<64>::kBlockM
+                        : bm80       ? BwdSm90Bm80Config::kBlockM
+                                     : BwdSm90Config<128>::kBlockM;
     const int64_t tiles = (bp.seqlen_k + block_n - 1) / block_n, blocks = pairs * tiles;
     const bool uniform = bp.cu_seqlens_q == nullptr && bp.window_size_left < 0 && bp.window_size_right < 0;
     const int64_t rows = static_cast<int64_t>((bp.seqlen_q + block_m - 1) / block_m) * block_m * bp.head_ratio;
@@ -307,7 +367,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // must start on a 16-byte boundary: 2 * stat_count floats is one because stat_rows is a multiple
   // of kStatRowAlign. (Unpadded, batch * num_heads * seqlen_q odd put it 8 bytes off: "misaligned
   // address" in the postprocess at seqlen_q = 1.)
-  static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");
+  static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");  // (and 80 is even)
   bp.dq_accum = p.deterministic || accum_count == 0 ? nullptr : base + 2 * stat_count;  // zeroed by the preprocess
   // (16-byte aligned after dq_accum: its floats are a multiple of 64 per row.)
   bp.split_ws = split_blocks > 0 ? base + 2 * stat_count + accum_count : nullptr;
@@ -348,6 +408,13 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       }
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
       if (!p.deterministic && row_grid.x > 0) {
+        if constexpr (kHeadDim == 128) {
+          if (bp.dq_accum_tile_rows == 80) {
+            const dim3 tile_grid(static_cast<unsigned>(bp.stat_rows / 80 * bp.num_heads), bp.batch);
+            launch_kernel(bwd_postprocess_bm80_kernel<Elem>, tile_grid, dim3(kRowThreads), 0, stream, bp.pdl, bp);
+            return;
+          }
+        }
         launch_kernel(bwd_postprocess_kernel<Elem, kTpr>, row_grid, dim3(kRowThreads), 0, stream, bp.pdl, bp);
       }
     });

@@ -62,8 +62,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, BM = Cfg::kBlockM, S = Cfg::kStages;
   constexpr int kPanels = D / 64;
   constexpr bool kDqSplitN = D >= 128;  // else one 64-query tile each (see the file comment)
-  static_assert((BM == 64 || BM == 128) && BN == 128, "64-query panels of dSᵀ; two 64-key consumers");
-  static_assert(kDqSplitN ? BM == 64 : BM == 128, "dQ: 64 columns or 64 queries per consumer");
+  // dQᵀ = Kᵀ dS per consumer (64 columns x BM queries), dS stored [queries][keys] (BM = 80).
+  constexpr bool kDqT = Cfg::kDqTransposed;
+  constexpr int kDqRegs = kDqT ? BM / 2 : 32;
+  static_assert((BM == 64 || BM == 128 || BM == 80) && BN == 128, "dSᵀ panels; two 64-key consumers");
+  static_assert(kDqSplitN ? BM == 64 || kDqT : BM == 128, "dQ: 64 columns or 64 queries per consumer");
 
   const BwdSm90Block<BN, BM> blk = bwd_sm90_block<BN, BM>(p);
   // A block past its sequence's keys still waits for the preprocess (BwdParams::pdl) before it
@@ -88,11 +91,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sK = base, sV = sK + Cfg::kKVBytes;
   const uint32_t sQ0 = sV + Cfg::kKVBytes, sDO0 = sQ0 + S * Cfg::kQBytes;
   const uint32_t sDS0 = sDO0 + S * Cfg::kQBytes;
-  const uint32_t sStat0 = sDS0 + Cfg::kDsBuffers * Cfg::kDsBytes;  // [2 consumers][2 buffers][lse, dsum][BM] floats
-  const uint32_t sDQ0 = sStat0 + 8 * Cfg::kStatBytes;  // [2 consumers] 64 x 64 fp32
+  // [2 consumers][2 buffers][lse, dsum][BM] floats, or [stage][lse, dsum][BM] (kDqT)
+  const uint32_t sStat0 = sDS0 + Cfg::kDsBuffers * Cfg::kDsBytes;
+  const uint32_t sDQ0 = sStat0 + Cfg::kStatAreaBytes;  // [2 consumers] 64 x 64 (or 64 x BM) fp32
   const uint32_t bars = sDQ0 + 2 * Cfg::kDqBytes;
   auto sQ = [&](int s) { return sQ0 + s * Cfg::kQBytes; };
   auto sDO = [&](int s) { return sDO0 + s * Cfg::kQBytes; };
+  auto sStat = [&](int s) { return sStat0 + s * 2 * Cfg::kStatBytes; };  // kDqT: [stage][lse, D][BM]
   const uint32_t kv_full = bars;
   auto full = [&](int s) { return bars + 8 * (1 + s); };
   auto empty = [&](int s) { return bars + 8 * (1 + S + s); };
@@ -126,9 +131,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int t = 0; t < iters; ++t, step = blk.next(step)) {
         const int h = blk.head_of(step), m0 = blk.m0_of(step);
         mbar_wait(empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes);
+        mbar_arrive_expect_tx(full(s), 2 * Cfg::kQBytes + (kDqT ? 2 * Cfg::kStatBytes : 0));
         tma_load_tile<kPanels, BM>(sQ(s), &tmap_q, full(s), int(q_start) + m0, h, tma_batch);
         tma_load_tile<kPanels, BM>(sDO(s), &tmap_do, full(s), int(q_start) + m0, h, tma_batch);
+        if constexpr (kDqT) {
+          // The step's statistics (lse·log2e, then D) with its Q and dO: they come from the
+          // preprocess (BwdParams::pdl), so the first step's waits for it.
+          if (t == 0) griddep_wait();
+          const int64_t stat = (int64_t(b) * p.num_heads + h) * p.stat_rows + m0;
+          bulk_load(sStat(s), p.lse_log2 + stat, Cfg::kStatBytes, full(s));
+          bulk_load(sStat(s) + Cfg::kStatBytes, p.dsum + stat, Cfg::kStatBytes, full(s));
+        }
         if (++s == S) {
           s = 0;
           phase ^= 1;
@@ -163,10 +176,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // workspace: thread tid of the warpgroup loads element tid of [lse | D] one tile ahead and
       // stores it into this warpgroup's double buffer before the iteration's named barrier, which
       // orders it before the next iteration's reads (and those reads before the next overwrite).
-      // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds.
+      // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds. (At BM
+      // = 80 the producer loads them into the TMA ring with the step's Q and dO instead: the two
+      // consumers share one copy, as two private ones would pass 227 KB.)
       float* stats = reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;  // [buffer][lse, D][BM]
       // With BM = 128 each thread loads elements tid and tid + 128 of [lse | D].
-      constexpr int kStatPerThread = 2 * BM / 128;
+      constexpr int kStatPerThread = kDqT ? 1 : 2 * BM / 128;
       auto load_stat = [&](BwdStep step, int e) {
         const int64_t stat = (int64_t(b) * p.num_heads + blk.head_of(step)) * p.stat_rows + blk.m0_of(step);
         return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
@@ -184,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // The first tile's statistics are requested before the wait for K and V, so that the two
       // latencies overlap instead of adding up at every block's start.
       float first_stat[kStatPerThread];
-      load_stats(0, blk.start, first_stat);
+      if constexpr (!kDqT) load_stats(0, blk.start, first_stat);
       mbar_wait(kv_full, 0);
       if (varlen && len_k - n0 < BN) {
         zero_tile_rows<kPanels>(gptr(sK), BN, len_k - n0, ctid);
@@ -192,8 +207,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         named_barrier_sync(1, 256);
       }
-      store_stats(0, first_stat);
-      named_barrier_sync(2 + cw, 128);
+      if constexpr (!kDqT) {
+        store_stats(0, first_stat);
+        named_barrier_sync(2 + cw, 128);
+      }
       int s = 0;
       uint32_t phase = 0;
       BwdStep step = blk.start;
@@ -201,7 +218,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int h = blk.head_of(step), m0 = blk.m0_of(step);
         const BwdStep next = blk.next(step);
         float next_stat[kStatPerThread];
-        load_stats(t + 1, next, next_stat);
+        if constexpr (!kDqT) load_stats(t + 1, next, next_stat);
         mbar_wait(full(s), phase);
         if (varlen && len_q - m0 < BM) {
           zero_tile_rows<kPanels>(gptr(sQ(s)), BM, len_q - m0, ctid);
@@ -241,7 +258,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
 
         // Pᵀ and dSᵀ element by element: key row kr0 + 8·(e / 2), query column 8j + 2·t4 + e % 2.
-        const float* lse = stats + (t & 1) * 2 * BM;
+        const float* lse = kDqT ? reinterpret_cast<const float*>(gptr(sStat(s))) : stats + (t & 1) * 2 * BM;
         const float* dsum = lse + BM;
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
         const int kn0 = n0 + cw * 64;
@@ -283,7 +300,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
           }
         };
-        if (modified) {
+        // (BwdSm90Bm80Config runs only without softcap and ALiBi, run_bwd_sm80: their element-wise
+        // code next to 80-query Sᵀ and dPᵀ spilled.)
+        if constexpr (kDqT) {
+          if (full_tile) scores(std::false_type{}, std::false_type{});
+          else scores(std::false_type{}, std::true_type{});
+        } else if (modified) {
           if (full_tile) scores(std::true_type{}, std::false_type{});
           else scores(std::true_type{}, std::true_type{});
         } else {
@@ -306,11 +328,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // 16kk + 0..7 / 8..15) in the order stmatrix takes them, so lane l gives the 16-byte row
         // (key warp·16 + l % 8 + 8·(l / 8 % 2), query chunk 2kk + l / 16).
         const uint32_t sDS = sDS0 + (t % Cfg::kDsBuffers) * Cfg::kDsBytes;
-        const int ds_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        if constexpr (kDqT) {
+          // dS [queries][keys] in two 64-key panels of BM 128-byte rows (the K-major B of dQᵀ):
+          // stmatrix .trans writes each 8 x 8 block as 8 query rows of 8 keys; lane l gives the
+          // row (query 16kk + l % 8 + 8·(l / 16), key chunk of key row cw·64 + warp·16 + 8·(l / 8 % 2)).
+          const int ds_chunk = cw * 8 + warp * 2 + ((lane >> 3) & 1);
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)
-          stmatrix_x4(sDS + swizzled_chunk<BN>(ds_row, 2 * kk + (lane >> 4)), dsf[kk][0], dsf[kk][1], dsf[kk][2],
-                      dsf[kk][3]);
+          for (int kk = 0; kk < BM / 16; ++kk)
+            stmatrix_x4_trans(sDS + swizzled_chunk<BM>(16 * kk + (lane & 7) + ((lane >> 4) << 3), ds_chunk),
+                              dsf[kk][0], dsf[kk][1], dsf[kk][2], dsf[kk][3]);
+        } else {
+          const int ds_row = cw * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int kk = 0; kk < BM / 16; ++kk)
+            stmatrix_x4(sDS + swizzled_chunk<BN>(ds_row, 2 * kk + (lane >> 4)), dsf[kk][0], dsf[kk][1], dsf[kk][2],
+                        dsf[kk][3]);
+        }
         fence_proxy_async();
 
         // dV += Pᵀ dO and dK += dSᵀ Q: B = dO / Q read MN-major (16 query rows per k-step).
@@ -323,12 +356,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Wgmma<Elem, D>::rs(dv, pf[kk], desc_advance(do_mn, kk * 16 * 128), t > 0 || kk > 0);
         wgmma_commit();
 
-        if (t + 1 < iters) store_stats(t + 1, next_stat);
+        if constexpr (!kDqT)
+          if (t + 1 < iters) store_stats(t + 1, next_stat);
 
         // dQ = dS K over all 128 keys for one 64 x 64 tile per warpgroup (head_dim 128: columns
         // cw·64.., head_dim 64: queries cw·64..): A = dSᵀ read MN-major, B = K MN-major. The tile
         // leaves as bulk reduce-adds (FA-3's dQ path) from this consumer's staging buffer, in the
-        // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset), one 4 KB reduce per warp
+        // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset64, or dq_accum_block80_offset), one 4 KB reduce per warp
         // for its own 16 rows (contiguous in both layouts), issued once the warp has staged them:
         // no barrier of the warpgroup on the step's path. A warp's rows are free once its previous
         // reduce has read them: its lane 0 waits for that before the barrier that also publishes
@@ -337,13 +371,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         named_barrier_sync(1, 256);
         if (cw == 1) named_barrier_sync(15, 256);  // dQ in the same order as Sᵀ / dPᵀ (barrier 14)
         const int col0 = kDqSplitN ? cw * 64 : 0;
-        float dq[32];
-        const uint64_t ds_desc = make_desc(kDqSplitN ? sDS : sDS + cw * BN * 128, 1024, 1024);
+        float dq[kDqRegs];
         const uint64_t k_mn = make_desc(kDqSplitN ? sK + cw * BN * 128 : sK, BN * 128, 1024);
         wgmma_fence();
+        if constexpr (kDqT) {
+          // dQᵀ (64 columns x BM queries) = Kᵀ (A: this consumer's K panel, MN-major) dSᵀ (B: dS,
+          // K-major, 16 keys per k-step: 32 bytes within a panel, the next panel after 4).
+          const uint64_t ds_desc = make_desc(sDS, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          Wgmma<Elem, 64>::tt(dq, desc_advance(ds_desc, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
+          for (int kk = 0; kk < BN / 16; ++kk)
+            Wgmma<Elem, BM>::ts(dq, desc_advance(k_mn, kk * 16 * 128),
+                                desc_advance(ds_desc, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+        } else {
+          const uint64_t ds_desc = make_desc(kDqSplitN ? sDS : sDS + cw * BN * 128, 1024, 1024);
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            Wgmma<Elem, 64>::tt(dq, desc_advance(ds_desc, kk * 16 * 128), desc_advance(k_mn, kk * 16 * 128), kk > 0);
+        }
         wgmma_commit();
         if (cw == 0) named_barrier_arrive(15, 256);
 #pragma unroll
@@ -358,18 +402,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) fence_operand(dq[i]);
+        for (int i = 0; i < kDqRegs; ++i) fence_operand(dq[i]);
 
-        // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
         const uint32_t sDQ = sDQ0 + cw * Cfg::kDqBytes;
+        if constexpr (kDqT) {
+          // dQᵀ rows: column warp·16 + g + 8hr of this consumer's 64; columns: queries 8j + 2·t4
+          // (+1). Each warp's 16 columns are one block of the accumulator (BwdParams), staged as such.
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = warp * 16 + g + hr * 8;
-            *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (r * 64 + ((j ^ (r & 7)) << 3) + 2 * t4)) =
-                make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
-          }
+            for (int hr = 0; hr < 2; ++hr)
+              *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (warp * 16 * BM + j * 128 + (g + 8 * hr) * 8 + 2 * t4)) =
+                  make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+        } else {
+          // dQ rows: query warp*16 + g + 8hr of the tile; columns col0 + 8j + 2·t4 (+1).
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int r = warp * 16 + g + hr * 8;
+              *reinterpret_cast<float2*>(gptr(sDQ) + 4 * (r * 64 + ((j ^ (r & 7)) << 3) + 2 * t4)) =
+                  make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+            }
+        }
         fence_proxy_async();
         wgmma_wait<0>();  // dK done: Q(s) is free (dO(s) since dV completed)
 #pragma unroll
@@ -383,8 +438,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           mbar_arrive(empty(s));
           // Rows past the sequence end hold exact zeros (their dS columns are 0); the
           // statistics rows are padded, so the whole tile lies inside the accumulator.
+          // (kDqT: the warp's block of 80 rows x 16 columns.)
           float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
-                       dq_accum_offset(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0) + warp * (Cfg::kDqBytes / 16);
+                       (kDqT ? dq_accum_block80_offset(D, m0, col0 + 16 * warp)
+                             : dq_accum_offset64(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0) +
+                                   warp * (Cfg::kDqBytes / 16));
           bulk_reduce_add_f32(dst, sDQ + warp * (Cfg::kDqBytes / 4), Cfg::kDqBytes / 4);
           bulk_commit();
         }
@@ -505,6 +563,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
+  if constexpr (kHeadDim == 128) {
+    if (p.dq_accum_tile_rows == BwdSm90Bm80Config::kBlockM) {
+      launch_bwd_sm90_kernel<Elem, BwdSm90Bm80Config>(bwd_sm90_kernel<Elem, BwdSm90Bm80Config>, p, rows_q, rows_k,
+                                                      stream, p.pdl);
+      return;
+    }
+  }
   using Cfg = BwdSm90Config<kHeadDim>;
   launch_bwd_sm90_kernel<Elem, Cfg>(bwd_sm90_kernel<Elem, Cfg>, p, rows_q, rows_k, stream, p.pdl);
 }

@@ -54,7 +54,11 @@ struct BwdParams {
   // dq_accum_cols > 0: [batch, num_heads, stat_rows / 64, dq_accum_cols / 64] tiles of 64 x 64,
   // element (r, c) of a tile at r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8 (the Hopper kernel's bulk
   // reduce-add: the tile is one contiguous block, and the XOR spreads the rows' 32-byte chunks
-  // over the banks when the block is written to shared memory).
+  // over the banks when the block is written to shared memory);
+  // dq_accum_tile_rows 80 (BwdSm90Bm80Config, dq_accum_cols 128): [batch, num_heads, stat_rows /
+  // 80, 8] blocks of 80 rows x 16 columns, element (r, c) of a block at (r / 8) · 128 + c · 8 + r % 8
+  // (each consumer warp's dQᵀ fragment, 16 columns of 80 rows, adds one block, and its lanes' pairs
+  // of consecutive rows land as float2 on distinct banks).
   int dq_accum_cols;
   int tail_pairs;  // (batch, head) pairs taken tile-major at the end of the grid (grouped_block())
   // The split tail (bwd_sm90_tma_wgmma.cuh; grid_order.hpp bwd_split_tail_blocks): blocks from
@@ -73,6 +77,7 @@ struct BwdParams {
   // accumulators with griddep_wait(), its producer does not; and the postprocess behind it the same
   // way (it waits first).
   bool pdl;
+  int dq_accum_tile_rows;  // 64, or 80 (dq_accum above); stat_rows is then a multiple of it
 };
 
 inline constexpr int kBwdSplitParts = 3;
@@ -95,12 +100,24 @@ FLASHATTN_HOST_DEVICE inline int dq_accum_row_floats(const BwdParams& p) {
   return p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim;
 }
 
-// Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams).
-FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
+// Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams) when
+// dq_accum_tile_rows is 64 (64 x 64 tiles, or rows when dq_accum_cols is 0), and in the 80 x 16
+// blocks of dq_accum_tile_rows 80 (`cols` columns). The kernels call the one their config writes.
+FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset64(const BwdParams& p, int64_t row, int col) {
   if (p.dq_accum_cols == 0) return row * p.head_dim + col;
   const int64_t tile = (row / 64) * (p.dq_accum_cols / 64) + col / 64;
   const int r = int(row % 64), c = col % 64;
   return tile * 4096 + r * 64 + (((c / 8) ^ (r % 8)) * 8) + c % 8;
+}
+FLASHATTN_HOST_DEVICE inline int64_t dq_accum_block80_offset(int cols, int64_t row, int col) {
+  const int64_t block = (row / 80) * (cols / 16) + col / 16;
+  const int r = int(row % 80), c = col % 16;
+  return block * 1280 + (r / 8) * 128 + c * 8 + r % 8;
+}
+// Either layout.
+FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
+  return p.dq_accum_tile_rows == 80 ? dq_accum_block80_offset(p.dq_accum_cols, row, col)
+                                    : dq_accum_offset64(p, row, col);
 }
 
 // Multiple of every kRes and kStr below.
@@ -190,28 +207,41 @@ namespace flashattn::cuda {
 // head_dim 256 does not fit (dK + dV alone would be 256 registers): BwdSm90SplitConfig below.
 //   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 2 · 32 (dSᵀ) + 4 (statistics) + 32 (dQ) ≈ 197 KB.
 //   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 32 ≈ 195 KB.
-template <int kHeadDim_>
+template <int kHeadDim_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
 struct BwdSm90Config {
   // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
   // bytes per FLOP and half the per-step overhead of 64-row steps; each consumer computes dQ for one
-  // of the two 64-row halves, so that the registers fit); head_dim 128 keeps 64 rows (its dK, dV
-  // accumulators are twice as large).
-  static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kHeadDim_ <= 64 ? 128 : 64, kStages = 2;
+  // of the two 64-row halves, so that the registers fit); head_dim 128 keeps 64 rows under a mask
+  // (its dK, dV accumulators are twice as large) and takes 80 without one (BwdSm90Bm80Config).
+  static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kBlockM_, kStages = 2;
   static constexpr int kThreads = 384;
+  // 80-row steps (FA-3's head_dim 128 tile without a mask): wgmma's M is 64, so each consumer
+  // computes dQᵀ = Kᵀ dSᵀ for its 64 columns (M) over the 80 queries (N), with dS stored
+  // [queries][keys] (K-major B), and the two consumers share one copy of the step's statistics
+  // (two copies would pass 227 KB by 768 bytes).
+  static constexpr bool kDqTransposed = kBlockM == 80;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ buffer
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;    // one dSᵀ (or dS) buffer
   // Each consumer's dQ reads all of dSᵀ (both consumers' rows), so the buffer alternates per step:
   // one consumer may write step t + 1's while the other still reads step t's.
   static constexpr int kDsBuffers = 2;
   static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
-  static constexpr int kDqBytes = 64 * 64 * 4;              // one consumer's fp32 dQ tile per step
+  // [consumer][buffer][lse, D], or [buffer][lse, D] shared by the consumers (kDqTransposed).
+  static constexpr int kStatAreaBytes = (kDqTransposed ? 4 : 8) * kStatBytes;
+  // One consumer's fp32 dQ tile per step: 64 rows x 64 columns, or 64 columns x 80 rows.
+  static constexpr int kDqBytes = 64 * (kDqTransposed ? kBlockM : 64) * 4;
   // (A second dQ staging buffer per consumer, so that a step's tile need not wait for the previous
   // step's reduce, would pass 227 KB at head_dim 64 next to two dSᵀ buffers.)
-  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + 8 * kStatBytes +
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + kStatAreaBytes +
                                     2 * kDqBytes + 256 + 1024;
+  static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128), "query rows per step");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
+// head_dim 128 without a mask: 80 query rows per step (a quarter more work per step for the same
+// per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
+// (statistics) + 2 · 20 (dQᵀ) ≈ 226 KB.
+using BwdSm90Bm80Config = BwdSm90Config<128, 80>;
 
 // Launches the Hopper dK/dV kernel (dq added into the tiled p.dq_accum by bulk reduce-adds) for one
 // (element type, head_dim bucket 64 or 128); instantiated in the generated bwd_sm90_<dtype>_hdim<d>.cu.

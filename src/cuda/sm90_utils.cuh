@@ -73,6 +73,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// 1-d bulk copy global -> shared of `bytes` (a multiple of 16, both addresses 16-byte aligned),
+// completing on `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // Bulk reduce-add shared -> global of `bytes` fp32 values (element-wise atomic with respect to
 // other reductions), tracked by the issuing thread's bulk async-groups.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
@@ -177,6 +185,14 @@ static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntr
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// stmatrix .x4 .trans: as stmatrix_x4, each 8 x 8 matrix written transposed (row r at the address
+// of lane 8q + r holds column r of the fragment).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
 }
 
 // ---- wgmma (PTX ISA 9.7.15) -----------------------------------------------------------------------

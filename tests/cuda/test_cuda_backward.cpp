@@ -96,13 +96,25 @@ std::vector<BwdCase> backward_cases() {
       add(c);
       c.head_dim = 128;
       add(c);
+      // head_dim 128 without a mask steps 80 query rows on sm_90 (BwdSm90Bm80Config): many steps
+      // with GQA groups of 4 and a partial last step (300 = 3 · 80 + 60), seqlen_q a multiple of
+      // 80 but not of 128 (its statistics and dq accumulator padded to 320 rows), and softcap or
+      // ALiBi without a mask, which keep 64-row steps.
+      add(base(dt, 2, 300, 517, 8, 2, 128));
+      add(base(dt, 1, 160, 96, 2, 1, 128));
+      c = base(dt, 1, 200, 170, 2, 2, 128);
+      c.softcap = 20.0f;
+      add(c);
+      c = base(dt, 1, 200, 170, 2, 2, 128);
+      c.alibi = Alibi::per_head;
+      add(c);
       c = base(dt, 1, 150, 200, 2, 1, 128);
       c.head_dim_v = 64;
       add(c);
       if (dt == DType::bf16) {
         // The Hopper dK/dV kernel's split tail at its own threshold on a 132-SM H200
         // (grid_order.hpp bwd_split_tail_blocks): 17 heads x 9 key blocks are 153 blocks, and the
-        // last 21 run as three parts of their 33 query steps (the last one partial), summed by
+        // last 21 run as three parts of their 26 query steps of 80 rows (the last one partial), summed by
         // the last part of each warp's rows; the last key block holds 6 keys. (Other GPUs split
         // elsewhere or not at all; the backward suite runs again with
         // FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)

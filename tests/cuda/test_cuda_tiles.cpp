@@ -2,12 +2,14 @@
 // src/cuda/fwd_traits.hpp), checked on the host: the GPU tests' shapes are too small to reach it
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
 // is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
-// every (row, key) pair; and which of the 256 bucket's configs a call's head dims take in both
-// passes (tile_256). Runs without a GPU.
+// every (row, key) pair; which of the 256 bucket's configs a call's head dims take in both
+// passes (tile_256); and the backward's dq accumulator layouts (dq_accum_offset). Runs without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -204,6 +206,32 @@ TEST(CudaFwdTiles, The256BucketKeepsBlockN64ForShortMaskedCalls) {
   EXPECT_FALSE(fwd_256_masked_short(true, 1025));
   EXPECT_FALSE(fwd_256_masked_short(false, 512));  // no mask: the wide tile at every length
   EXPECT_FALSE(fwd_256_masked_short(false, 1 << 30));
+}
+
+// Both tiled dq accumulator layouts place every (row, column) of a (batch, head) once inside its
+// rows x columns, each tile that one bulk reduce-add writes (a 64 x 64 tile, or an 80 x 16 block)
+// on one contiguous range, and, in the 80-row layout, rows 2i and 2i + 1 of a column side by side
+// (the kernel stages them as one float2).
+TEST(CudaBwdTiles, DqAccumulatorLayoutsAreTiledBijections) {
+  for (int tile_rows : {64, 80}) {
+    BwdParams p{};
+    p.head_dim = 128;
+    p.dq_accum_cols = 128;
+    p.dq_accum_tile_rows = tile_rows;
+    const int rows = 320, cols = 128, tr = tile_rows == 80 ? 80 : 64, tc = tile_rows == 80 ? 16 : 64;
+    std::vector<int> seen(size_t(rows) * cols, 0);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const int64_t o = dq_accum_offset(p, r, c);
+        ASSERT_GE(o, 0);
+        ASSERT_LT(o, int64_t(rows) * cols) << "row " << r << " column " << c;
+        ++seen[size_t(o)];
+        const int64_t tile = (r / tr) * (cols / tc) + c / tc;
+        EXPECT_EQ(o / (tr * tc), tile) << "row " << r << " column " << c << " outside its tile's range";
+        if (tile_rows == 80 && r % 2 == 0) EXPECT_EQ(dq_accum_offset(p, r + 1, c), o + 1);
+      }
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "offset " << i << ", tile rows " << tile_rows;
+  }
 }
 
 }  // namespace
