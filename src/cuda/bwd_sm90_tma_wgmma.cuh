@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbar_init(kv_full, 1);
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);  // one arrival per consumer warp
+      // One arrival per consumer warp; per consumer thread at BM = 80, whose threads read the
+      // stage's statistics with ordinary loads (each orders its own reads before its arrival).
+      mbar_init(empty(s), kDqT ? 256 : 8);
     }
     fence_barrier_init();
   }
@@ -434,8 +436,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 4; ++r) fence_operand(dsf[kk][r]);
         __syncwarp();  // the warp's staging writes (each lane fenced them for the async proxy)
+        if constexpr (kDqT) mbar_arrive(empty(s));
         if (lane == 0) {
-          mbar_arrive(empty(s));
+          if constexpr (!kDqT) mbar_arrive(empty(s));
           // Rows past the sequence end hold exact zeros (their dS columns are 0); the
           // statistics rows are padded, so the whole tile lies inside the accumulator.
           // (kDqT: the warp's block of 80 rows x 16 columns.)
