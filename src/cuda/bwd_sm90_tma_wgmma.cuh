@@ -8,14 +8,18 @@
 // query steps, whose dK / dV are summed before the epilogue (the split tail, below):
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile
 //     that sees the block's keys and every query head of the GQA group, Q and dO into kStages
-//     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself);
+//     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself; at
+//     block_m 80 the producer loads them into the stage too);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
-//     rows at head_dim 64, 64 at 128; dQ in 64-row tiles):
+//     rows at head_dim 64, 64 at 128 under a mask, softcap or ALiBi, 80 at 128 without them;
+//     dQ in 64-row tiles, or transposed at block_m 80):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)
 //       dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ (1 − tanh²) under softcap)
 //       dV += Pᵀ dO, dK += dSᵀ Q                   wgmma with Pᵀ / dSᵀ from registers
 //       dQ_accum += dS K                           dSᵀ through shared memory (read as MN-major A);
+//                                                  block_m 80: dQᵀ += Kᵀ dSᵀ, dS stored
+//                                                  [queries][keys] (K-major B), M = 64 columns;
 //                                                  the fp32 tile goes out as bulk reduce-adds,
 //                                                  one per warp for its own 16 rows
 //     issued in the order dV, dQ, dK, so that dQ's staging runs while dK's product does;

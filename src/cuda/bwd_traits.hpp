@@ -74,8 +74,9 @@ struct BwdParams {
   // Host side: launch the Hopper dK/dV kernel (head_dim 64 / 128; never the head_dim 256 one) with
   // programmatic dependent launch behind the preprocess (launch_kernel(), cuda_check.hpp); the
   // kernel's consumers, and blocks without keys, wait for the preprocess's statistics and zeroed
-  // accumulators with griddep_wait(), its producer does not; and the postprocess behind it the same
-  // way (it waits first).
+  // accumulators with griddep_wait(), its producer only before its first statistics load (block_m
+  // 80; its K, V, Q and dO loads read only inputs); and the postprocess behind it the same way (it
+  // waits first).
   bool pdl;
   int dq_accum_tile_rows;  // 64, or 80 (dq_accum above); stat_rows is then a multiple of it
 };
@@ -202,8 +203,10 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
-// step (128 at head_dim 64, 64 at 128) through kStages TMA buffers. Registers per consumer thread
-// (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32.
+// step (128 at head_dim 64; at 128, 80 without a mask, softcap or ALiBi, else 64) through kStages
+// TMA buffers. Registers per consumer thread
+// (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32 (40
+// at block_m 80).
 // head_dim 256 does not fit (dK + dV alone would be 256 registers): BwdSm90SplitConfig below.
 //   hdim 64:  smem 16 + 16 (K, V) + 2 · (16 + 16) (Q, dO) + 2 · 32 (dSᵀ) + 4 (statistics) + 32 (dQ) ≈ 197 KB.
 //   hdim 128: smem 32 + 32 + 2 · (16 + 16) + 2 · 16 + 2 + 32 ≈ 195 KB.
@@ -217,8 +220,9 @@ struct BwdSm90Config {
   static constexpr int kThreads = 384;
   // 80-row steps (FA-3's head_dim 128 tile without a mask): wgmma's M is 64, so each consumer
   // computes dQᵀ = Kᵀ dSᵀ for its 64 columns (M) over the 80 queries (N), with dS stored
-  // [queries][keys] (K-major B), and the two consumers share one copy of the step's statistics
-  // (two copies would pass 227 KB by 768 bytes).
+  // [queries][keys] (K-major B), and the two consumers share one copy of the step's statistics,
+  // which the producer loads into the TMA stage (a private copy each would pass 227 KB by 768
+  // bytes).
   static constexpr bool kDqTransposed = kBlockM == 80;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
@@ -227,7 +231,7 @@ struct BwdSm90Config {
   // one consumer may write step t + 1's while the other still reads step t's.
   static constexpr int kDsBuffers = 2;
   static constexpr int kStatBytes = kBlockM * 4;            // lse·log2e or D of one query tile
-  // [consumer][buffer][lse, D], or [buffer][lse, D] shared by the consumers (kDqTransposed).
+  // [consumer][buffer][lse, D], or [stage][lse, D] shared by the consumers (kDqTransposed).
   static constexpr int kStatAreaBytes = (kDqTransposed ? 4 : 8) * kStatBytes;
   // One consumer's fp32 dQ tile per step: 64 rows x 64 columns, or 64 columns x 80 rows.
   static constexpr int kDqBytes = 64 * (kDqTransposed ? kBlockM : 64) * 4;
@@ -236,6 +240,7 @@ struct BwdSm90Config {
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + kStatAreaBytes +
                                     2 * kDqBytes + 256 + 1024;
   static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128), "query rows per step");
+  static_assert(!kDqTransposed || kStages == 2, "the statistics area holds one [lse, D] per stage");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 // head_dim 128 without a mask: 80 query rows per step (a quarter more work per step for the same
