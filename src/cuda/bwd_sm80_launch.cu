@@ -410,7 +410,8 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       if (!p.deterministic && row_grid.x > 0) {
         if constexpr (kHeadDim == 128) {
           if (bp.dq_accum_tile_rows == 80) {
-            const dim3 tile_grid(static_cast<unsigned>(bp.stat_rows / 80 * bp.num_heads), bp.batch);
+            const dim3 tile_grid(static_cast<unsigned>(static_cast<int64_t>(bp.stat_rows / 80) * bp.num_heads),
+                                 bp.batch);
             launch_kernel(bwd_postprocess_bm80_kernel<Elem>, tile_grid, dim3(kRowThreads), 0, stream, bp.pdl, bp);
             return;
           }

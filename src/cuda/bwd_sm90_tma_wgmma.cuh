@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Statistics rows are padded to stat_rows (a multiple of 128): whole tiles, no bounds. (At BM
       // = 80 the producer loads them into the TMA ring with the step's Q and dO instead: the two
       // consumers share one copy, as two private ones would pass 227 KB.)
-      float* stats = reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;  // [buffer][lse, D][BM]
+      // [buffer][lse, D][BM] (none at BM = 80: the stage holds them, sStat())
+      float* stats = kDqT ? nullptr : reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;
       // With BM = 128 each thread loads elements tid and tid + 128 of [lse | D].
       constexpr int kStatPerThread = kDqT ? 1 : 2 * BM / 128;
       auto load_stat = [&](BwdStep step, int e) {
@@ -572,6 +573,13 @@ template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   if constexpr (kHeadDim == 128) {
     if (p.dq_accum_tile_rows == BwdSm90Bm80Config::kBlockM) {
+      // The 80-row kernel compiles no softcap or ALiBi, runs (and was measured) only without a
+      // mask, and writes 128-column blocks: a call outside that is a dispatch error, reported
+      // rather than computed wrong.
+      if (p.softcap > 0.f || p.alibi_slopes != nullptr || p.window_size_left >= 0 || p.window_size_right >= 0 ||
+          p.dq_accum_cols != kHeadDim)
+        throw Error("cuda backward: expected the 80-row Hopper kernel only without softcap, ALiBi or a window "
+                    "and with a 128-column dq accumulator (an internal dispatch error)");
       launch_bwd_sm90_kernel<Elem, BwdSm90Bm80Config>(bwd_sm90_kernel<Elem, BwdSm90Bm80Config>, p, rows_q, rows_k,
                                                       stream, p.pdl);
       return;

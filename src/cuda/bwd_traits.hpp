@@ -45,7 +45,8 @@ struct BwdParams {
   int64_t alibi_batch_stride;
 
   // Workspace, each [batch, num_heads, stat_rows] (row-major; stat_rows = seqlen_q, the maximum,
-  // rounded up to kStatRowAlign so that every tile reads its statistics without bounds checks):
+  // rounded up to kStatRowAlign, and then to a multiple of 80 under dq_accum_tile_rows 80, so that
+  // every tile reads its statistics without bounds checks):
   int stat_rows;
   float* dsum;      // D = rowsum(dout ∘ out), 0 past the sequence end
   float* lse_log2;  // lse · log2(e); +inf where lse = −inf (fully masked row) or past the end

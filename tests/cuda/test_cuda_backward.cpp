@@ -99,9 +99,15 @@ std::vector<BwdCase> backward_cases() {
       // head_dim 128 without a mask steps 80 query rows on sm_90 (BwdSm90Bm80Config): many steps
       // with GQA groups of 4 and a partial last step (300 = 3 · 80 + 60), seqlen_q a multiple of
       // 80 but not of 128 (its statistics and dq accumulator padded to 320 rows), and softcap or
-      // ALiBi without a mask, which keep 64-row steps.
+      // ALiBi without a mask, which keep 64-row steps; head_dim 96 in 80-row steps (columns 96..127
+      // of q and k zero-filled, dq's not written), and varlen with empty sequences in them.
       add(base(dt, 2, 300, 517, 8, 2, 128));
       add(base(dt, 1, 160, 96, 2, 1, 128));
+      add(base(dt, 1, 150, 200, 2, 1, 96));
+      c = base(dt, 0, 0, 0, 2, 1, 128);
+      c.lens_q = {17, 0, 130, 1};
+      c.lens_k = {33, 7, 130, 0};
+      add(c);
       c = base(dt, 1, 200, 170, 2, 2, 128);
       c.softcap = 20.0f;
       add(c);
