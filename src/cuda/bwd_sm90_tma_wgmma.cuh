@@ -9,7 +9,7 @@
 //   - the producer (warpgroup 0, 24 registers) loads K and V once, then, for every query tile
 //     that sees the block's keys and every query head of the GQA group, Q and dO into kStages
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself; at
-//     block_m 80 the producer loads them into the stage too);
+//     block_m 80 the producer loads them into the stage instead);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
 //     rows at head_dim 64, 64 at 128 under a mask, softcap or ALiBi, 80 at 128 without them;
 //     dQ in 64-row tiles, or transposed at block_m 80):
