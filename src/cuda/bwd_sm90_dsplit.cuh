@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int c = 0; c < 2; ++c)
 #pragma unroll
           for (int jt = 0; jt < q_panels(c); ++jt)
-            bulk_reduce_add_f32(acc + dq_accum_offset64(p, m0, 64 * (q_lo(c) + jt)), dq_tile(s, c, jt), kDqTileBytes);
+            bulk_reduce_add_f32(acc + dq_accum_offset(p, m0, 64 * (q_lo(c) + jt)), dq_tile(s, c, jt), kDqTileBytes);
         bulk_commit();
         bulk_wait_read<0>();
         if constexpr (kDqInStage) {
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!kDqInStage) {
             if (t > 0) mbar_wait(dq_free, (t - 1) & 1);
           }
-          // dQ_c into its staging tiles (tile layout of dq_accum_offset64): query row warp·16 + g +
+          // dQ_c into its staging tiles (tile layout of dq_accum_offset): query row warp·16 + g +
           // 8hr, column 8j + 2·t4 (+1) of this consumer's columns.
 #pragma unroll
           for (int j = 0; j < NQ / 8; ++j)

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // [buffer][lse, D][BM] (none at BM = 80: the stage holds them, sStat())
       float* stats = kDqT ? nullptr : reinterpret_cast<float*>(gptr(sStat0)) + cw * 4 * BM;
       // With BM = 128 each thread loads elements tid and tid + 128 of [lse | D].
-      constexpr int kStatPerThread = kDqT ? 1 : 2 * BM / 128;
+      constexpr int kStatPerThread = 2 * BM / 128;
       auto load_stat = [&](BwdStep step, int e) {
         const int64_t stat = (int64_t(b) * p.num_heads + blk.head_of(step)) * p.stat_rows + blk.m0_of(step);
         return (e < BM ? p.lse_log2 : p.dsum)[stat + e % BM];
@@ -369,9 +369,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // dQ = dS K over all 128 keys for one 64 x 64 tile per warpgroup (head_dim 128: columns
         // cw·64.., head_dim 64: queries cw·64..): A = dSᵀ read MN-major, B = K MN-major. The tile
         // leaves as bulk reduce-adds (FA-3's dQ path) from this consumer's staging buffer, in the
-        // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset64, or dq_accum_block80_offset), one 4 KB reduce per warp
-        // for its own 16 rows (contiguous in both layouts), issued once the warp has staged them:
-        // no barrier of the warpgroup on the step's path. A warp's rows are free once its previous
+        // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset; dq_accum_block80_offset at
+        // BM = 80), one reduce per warp for its own rows (contiguous in both layouts), issued once
+        // the warp has staged them: no barrier of the warpgroup on the step's path. A warp's rows are free once its previous
         // reduce has read them: its lane 0 waits for that before the barrier that also publishes
         // both consumers' dSᵀ.
         if (lane == 0) bulk_wait_read<0>();
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // (kDqT: the warp's block of 80 rows x 16 columns.)
           float* dst = p.dq_accum + (int64_t(b) * p.num_heads + h) * p.stat_rows * dq_accum_row_floats(p) +
                        (kDqT ? dq_accum_block80_offset(D, m0, col0 + 16 * warp)
-                             : dq_accum_offset64(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0) +
+                             : dq_accum_offset(p, m0 + (kDqSplitN ? 0 : 64 * cw), col0) +
                                    warp * (Cfg::kDqBytes / 16));
           bulk_reduce_add_f32(dst, sDQ + warp * (Cfg::kDqBytes / 4), Cfg::kDqBytes / 4);
           bulk_commit();

@@ -102,10 +102,10 @@ FLASHATTN_HOST_DEVICE inline int dq_accum_row_floats(const BwdParams& p) {
   return p.dq_accum_cols > 0 ? p.dq_accum_cols : p.head_dim;
 }
 
-// Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams) when
-// dq_accum_tile_rows is 64 (64 x 64 tiles, or rows when dq_accum_cols is 0), and in the 80 x 16
-// blocks of dq_accum_tile_rows 80 (`cols` columns). The kernels call the one their config writes.
-FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset64(const BwdParams& p, int64_t row, int col) {
+// Offset of dq element (row, col) of one (batch, head) in the dq accumulator (see BwdParams): 64 x
+// 64 tiles, or rows when dq_accum_cols is 0. dq_accum_tile_rows 80 has its own layout, below: the
+// kernels that write it and its postprocess call dq_accum_block80_offset (`cols` columns) instead.
+FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
   if (p.dq_accum_cols == 0) return row * p.head_dim + col;
   const int64_t tile = (row / 64) * (p.dq_accum_cols / 64) + col / 64;
   const int r = int(row % 64), c = col % 64;
@@ -115,11 +115,6 @@ FLASHATTN_HOST_DEVICE inline int64_t dq_accum_block80_offset(int cols, int64_t r
   const int64_t block = (row / 80) * (cols / 16) + col / 16;
   const int r = int(row % 80), c = col % 16;
   return block * 1280 + (r / 8) * 128 + c * 8 + r % 8;
-}
-// Either layout.
-FLASHATTN_HOST_DEVICE inline int64_t dq_accum_offset(const BwdParams& p, int64_t row, int col) {
-  return p.dq_accum_tile_rows == 80 ? dq_accum_block80_offset(p.dq_accum_cols, row, col)
-                                    : dq_accum_offset64(p, row, col);
 }
 
 // Multiple of every kRes and kStr below.

@@ -3,8 +3,8 @@
 // by default (they force it with FLASHATTN_CUDA_FWD_SHORT_TILE=1 instead), so the decision itself
 // is tested here; and the key tiles whose softmax skips the mask (mask_free_key_tiles), against
 // every (row, key) pair; which of the 256 bucket's configs a call's head dims take in both
-// passes (tile_256); and the backward's dq accumulator layouts (dq_accum_offset). Runs without a
-// GPU.
+// passes (tile_256); and the backward's dq accumulator layouts (dq_accum_offset,
+// dq_accum_block80_offset). Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -217,18 +217,17 @@ TEST(CudaBwdTiles, DqAccumulatorLayoutsAreTiledBijections) {
     BwdParams p{};
     p.head_dim = 128;
     p.dq_accum_cols = 128;
-    p.dq_accum_tile_rows = tile_rows;
     const int rows = 320, cols = 128, tr = tile_rows == 80 ? 80 : 64, tc = tile_rows == 80 ? 16 : 64;
     std::vector<int> seen(size_t(rows) * cols, 0);
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < cols; ++c) {
-        const int64_t o = dq_accum_offset(p, r, c);
+        const int64_t o = tile_rows == 80 ? dq_accum_block80_offset(cols, r, c) : dq_accum_offset(p, r, c);
         ASSERT_GE(o, 0);
         ASSERT_LT(o, int64_t(rows) * cols) << "row " << r << " column " << c;
         ++seen[size_t(o)];
         const int64_t tile = (r / tr) * (cols / tc) + c / tc;
         EXPECT_EQ(o / (tr * tc), tile) << "row " << r << " column " << c << " outside its tile's range";
-        if (tile_rows == 80 && r % 2 == 0) EXPECT_EQ(dq_accum_offset(p, r + 1, c), o + 1);
+        if (tile_rows == 80 && r % 2 == 0) EXPECT_EQ(dq_accum_block80_offset(cols, r + 1, c), o + 1);
       }
     for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "offset " << i << ", tile rows " << tile_rows;
   }
