@@ -11,7 +11,7 @@
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself; at
 //     block_m 80 the producer loads them into the stage instead);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
-//     rows at head_dim 64, 64 at 128 under a mask, softcap or ALiBi, 80 at 128 without them;
+//     rows at head_dim 64, 64 at 128 under softcap or ALiBi, 80 at 128 without them;
 //     dQ in 64-row tiles, or transposed at block_m 80):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)
@@ -573,12 +573,10 @@ template <typename Elem, int kHeadDim>
 void launch_bwd_sm90(const BwdParams& p, int64_t rows_q, int64_t rows_k, void* stream) {
   if constexpr (kHeadDim == 128) {
     if (p.dq_accum_tile_rows == BwdSm90Bm80Config::kBlockM) {
-      // The 80-row kernel compiles no softcap or ALiBi, runs (and was measured) only without a
-      // mask, and writes 128-column blocks: a call outside that is a dispatch error, reported
-      // rather than computed wrong.
-      if (p.softcap > 0.f || p.alibi_slopes != nullptr || p.window_size_left >= 0 || p.window_size_right >= 0 ||
-          p.dq_accum_cols != kHeadDim)
-        throw Error("cuda backward: expected the 80-row Hopper kernel only without softcap, ALiBi or a window "
+      // The 80-row kernel compiles no softcap or ALiBi and writes 128-column blocks: a call
+      // outside that is a dispatch error, reported rather than computed wrong.
+      if (p.softcap > 0.f || p.alibi_slopes != nullptr || p.dq_accum_cols != kHeadDim)
+        throw Error("cuda backward: expected the 80-row Hopper kernel only without softcap or ALiBi "
                     "and with a 128-column dq accumulator (an internal dispatch error)");
       launch_bwd_sm90_kernel<Elem, BwdSm90Bm80Config>(bwd_sm90_kernel<Elem, BwdSm90Bm80Config>, p, rows_q, rows_k,
                                                       stream, p.pdl);

@@ -199,7 +199,7 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
-// step (128 at head_dim 64; at 128, 80 without a mask, softcap or ALiBi, else 64) through kStages
+// step (128 at head_dim 64; at 128, 80 without softcap or ALiBi, else 64) through kStages
 // TMA buffers. Registers per consumer thread
 // (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32 (40
 // at block_m 80).
@@ -210,15 +210,15 @@ template <int kHeadDim_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
 struct BwdSm90Config {
   // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
   // bytes per FLOP and half the per-step overhead of 64-row steps; each consumer computes dQ for one
-  // of the two 64-row halves, so that the registers fit); head_dim 128 keeps 64 rows under a mask
-  // (its dK, dV accumulators are twice as large) and takes 80 without one (BwdSm90Bm80Config).
+  // of the two 64-row halves, so that the registers fit); head_dim 128 (its dK, dV accumulators are
+  // twice as large) takes 80 (BwdSm90Bm80Config), or 64 under softcap or ALiBi.
   static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kBlockM_, kStages = 2;
   static constexpr int kThreads = 384;
-  // 80-row steps (FA-3's head_dim 128 tile without a mask): wgmma's M is 64, so each consumer
-  // computes dQᵀ = Kᵀ dSᵀ for its 64 columns (M) over the 80 queries (N), with dS stored
-  // [queries][keys] (K-major B), and the two consumers share one copy of the step's statistics,
-  // which the producer loads into the TMA stage (a private copy each would pass 227 KB by 768
-  // bytes).
+  // 80-row steps (FA-3's head_dim 128 tile without a mask; here under masks too): wgmma's M is
+  // 64, so each consumer computes dQᵀ = Kᵀ dSᵀ for its 64 columns (M) over the 80 queries (N), with
+  // dS stored [queries][keys] (K-major B), and the two consumers share one copy of the step's
+  // statistics, which the producer loads into the TMA stage (a private copy each would pass 227 KB
+  // by 768 bytes).
   static constexpr bool kDqTransposed = kBlockM == 80;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one stage of Q or dO
@@ -239,8 +239,8 @@ struct BwdSm90Config {
   static_assert(!kDqTransposed || kStages == 2, "the statistics area holds one [lse, D] per stage");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
-// head_dim 128 without a mask: 80 query rows per step (a quarter more work per step for the same
-// per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
+// head_dim 128 without softcap or ALiBi: 80 query rows per step (a quarter more work per step for
+// the same per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
 // (statistics) + 2 · 20 (dQᵀ) ≈ 226 KB.
 using BwdSm90Bm80Config = BwdSm90Config<128, 80>;
 
