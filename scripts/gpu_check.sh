@@ -211,9 +211,13 @@ if [[ $what == *tests* ]]; then
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
   # three parts, their dK / dV summed by the last part of each warp's rows).
   suite_with '*CudaBackward*' FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
-  # head_dim 128 without a mask in 64-row steps (the default steps 80 there; softcap and ALiBi
-  # keep 64).
+  # head_dim 128 in 64-row steps (the default steps 80 there; softcap and ALiBi keep 64).
   suite_with '*CudaBackward.*d128*' FLASHATTN_CUDA_BWD_BM80=0
+  # The forward's split tail (head_dim 128 without a mask or varlen lengths) on every tile, in
+  # three parts over its keys (parts without keys where a tile has fewer than three key tiles),
+  # with the grid's blocks and with three (several units per block, a tile's parts in one block).
+  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_SPLIT_TAIL=1
+  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_SPLIT_TAIL=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
 fi
 
 if [[ $what == *sanitize* ]]; then
@@ -264,6 +268,12 @@ if [[ $what == *sanitize* ]]; then
   split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')
   filter_split=$(printf '*CudaBackward.*/%s:' "${split_cases[@]}")
   sanitize_three "backward split tail" "${filter_split%:}" FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
+  # The forward's split tail on every tile of head_dim 128 cases without a mask (the parts'
+  # partials in L2, the tickets, the merge), and the test whose grids split by the default rule.
+  fwd_split_cases=(bf16_b1_sq113_sk203_h2k2_d128 bf16_b2_sq130_sk130_h8k2_d128 bf16_b1_sq150_sk260_h2k2_d128_scaleminus300)
+  filter_fwd_split=$(printf '*CudaForward.*/%s:' "${fwd_split_cases[@]}")
+  sanitize_three "forward split tail" "${filter_fwd_split%:}" FLASHATTN_CUDA_FWD_SPLIT_TAIL=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
+  sanitize_three "forward split tail, default rule" "CudaForwardMisc.SplitTailMatchesReference"
 fi
 
 if [[ $what == *python* ]]; then

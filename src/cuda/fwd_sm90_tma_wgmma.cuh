@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                     const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const TileOrder order,
-                    const FastDiv heads, const int num_tiles, int* const tile_counter) {
+                    const FastDiv heads, const int num_tiles, int* const tile_counter,
+                    const FwdSplitTail split) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   // FP8 (e4m3): k and Vᵀ tiles K-major for both products (8-bit wgmma has no transpose), out bf16.
@@ -117,15 +118,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the consumers through a two-entry ring.
   const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
   // The static order's next tile, saturating at num_tiles: with one block per tile, tile +
-  // gridDim.x would pass 2^31 for num_tiles above 2^30.
+  // gridDim.x would pass 2^31 for num_tiles above 2^30. (A split-tail config is persistent, its
+  // gridDim.x at most the multiprocessors, and launch_fwd_sm90_config keeps num_tiles + those below
+  // 2^31: it steps without saturating, so that its consumers find a tile's unit again as the next
+  // one's minus gridDim.x instead of holding it in a register through the tile.)
   auto next_static_tile = [&](int tile) {
+    if constexpr (Cfg::kSplitTail) return tile + int(gridDim.x);
     return tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x);
   };
-  auto tile_block = [&](int tile, FwdBlock& blk) {
+  // (num_tiles counts work units: tiles, and under a split tail the parts of its last tiles,
+  // FwdSplitTail; a part narrows its tile's key range to its share.)
+  auto tile_block = [&](int unit, FwdBlock& blk) {
+    int tile = unit, part = 0;
+    if constexpr (Cfg::kSplitTail)
+      if (unit >= split.first_unit) tile = split.tile_of(unit, part);
     // (pair = batch · heads + head, order.tiles.d query blocks per pair, heads.d = p.num_heads.)
     const PairTile pt = order.at(tile);
     const int b = heads.div(pt.pair), h = pt.pair - b * heads.d;
-    return fwd_block_at<BM, BN, true>(p, order.tiles.d - 1 - pt.tile, h, b, blk);
+    const bool real = fwd_block_at<BM, BN, true>(p, order.tiles.d - 1 - pt.tile, h, b, blk);
+    if constexpr (Cfg::kSplitTail)
+      if (unit >= split.first_unit) {
+        blk.nb_min = split.key_bound(part);
+        blk.nb_max = split.key_bound(part + 1);
+      }
+    return real;
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -150,7 +166,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto tile_full = [&](int e) { return bars + 8 * (2 + 4 * S + e); };
   auto tile_empty = [&](int e) { return bars + 8 * (4 + 4 * S + e); };
   int* tile_ring = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (6 + 4 * S));
-  static_assert(8 * (8 + 4 * S) <= 256, "mbarriers and the tile ring fit in the 256 bytes kept for them");
+  // The split tail's ticket, handed from a warpgroup's thread 0 to its other threads.
+  int* split_ticket = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (8 + 4 * S));
+  static_assert(8 * (8 + 4 * S) + 4 * 4 <= 256,
+                "mbarriers, the tile ring and the split tickets fit in the 256 bytes kept for them");
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -566,6 +585,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // (A subset of the block's [nb_min, nb_max), as its rows are.)
           const int64_t r_first = max(m0 + cw * 64, 0), r_last = min(int64_t(m0) + cw * 64 + 63, int64_t(len_q) - 1);
           if (r_first <= r_last) visible_key_tiles<BN>(p, r_first, r_last, offset, len_k, lo, hi);
+          if constexpr (Cfg::kSplitTail) {  // a split tile's part: its share of the keys
+            lo = max(lo, nb_min);
+            hi = min(hi, nb_max);
+          }
           if (lo >= hi) lo = hi = nb_min;
         }
         auto idle_round = [&](int nb) {
@@ -654,6 +677,81 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!Cfg::kQInRegs && !kQHeldToEpilogue) release(q_empty);
         }
         for (int nb = lo - 1; nb >= nb_min; --nb) idle_round(nb);
+      }
+
+      // The split tail (FwdSplitTail): each part leaves its unnormalized O, row maxima and (thread
+      // partial) row sums in its slot of split.ws, each warp its 16 rows as 32 lanes' float4s, and
+      // takes a ticket per consumer warpgroup; the last part of the tile to arrive merges every
+      // part's from the slots, in part order whichever arrived last (so that out does not change
+      // between runs), and goes on to the epilogue with them; the others skip it. Merging is FA-2's
+      // rescale: m = max_q m_q, l = sum_q l_q e^(m_q - m), O = sum_q O_q e^(m_q - m) (exp2 of the
+      // scaled scores, as in max_exp; a part that saw no key has m_q = -inf and weight 0). Release:
+      // every thread's fence before the warpgroup's barrier and thread 0's ticket; acquire: thread
+      // 0's fence after it, the barrier, and loads from L2 (ld.global.cg: another SM wrote them).
+      if constexpr (Cfg::kSplitTail) {
+        const int unit = static_tile - int(gridDim.x);  // (static: no split under dynamic tiles)
+        if (unit >= split.first_unit) {
+          int part = 0;
+          const int slot_tile = split.tile_of(unit, part) - split.first_unit;
+          constexpr int kSlotF4 = Dv / 8 + 1;  // O's Dv / 2 floats, then (max, max, sum, sum)
+          // The thread's place, read here (volatile) so that the compiler does not hoist it out of
+          // the tile loop and hold it in a register through every tile's main loop (which spilled).
+          uint32_t thread;
+          asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+          const int warp_slot = int(thread / 32) - 4, slot_lane = int(thread % 32);
+          auto slot = [&](int q) {
+            return reinterpret_cast<float4*>(split.ws) +
+                   ((int64_t(slot_tile) * split.parts + q) * kConsumerWarps + warp_slot) * kSlotF4 * 32 + slot_lane;
+          };
+          float4* const mine = slot(part);
+#pragma unroll
+          for (int k = 0; k < Dv / 8; ++k) mine[k * 32] = make_float4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
+          mine[(Dv / 8) * 32] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
+          __threadfence();
+          named_barrier_sync(kEpilogueBarrier + cw, 128);
+          int* const ticket = split.tickets + slot_tile * kNC + cw;
+          if (tid == 0) {
+            const int arrived = atomicAdd(ticket, 1);
+            __threadfence();
+            if (arrived == split.parts - 1) *ticket = 0;  // every part is in: zero for the next launch
+            split_ticket[cw] = arrived;
+          }
+          named_barrier_sync(kEpilogueBarrier + cw, 128);
+          if (split_ticket[cw] != split.parts - 1) continue;
+          float m[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+          for (int q = 0; q < FwdSplitTail::kMaxParts; ++q) {
+            if (q < split.parts) {
+              const float4 st = __ldcg(slot(q) + (Dv / 8) * 32);
+              m[0] = fmaxf(m[0], st.x);
+              m[1] = fmaxf(m[1], st.y);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < Dv / 2; ++i) o[i] = 0.f;
+          row_sum[0] = row_sum[1] = 0.f;
+#pragma unroll
+          for (int q = 0; q < FwdSplitTail::kMaxParts; ++q) {
+            if (q < split.parts) {
+              const float4* const src = slot(q);
+              const float4 st = __ldcg(src + (Dv / 8) * 32);
+              const float f0 = st.x == -INFINITY ? 0.f : fast_exp2((st.x - m[0]) * scale_log2);
+              const float f1 = st.y == -INFINITY ? 0.f : fast_exp2((st.y - m[1]) * scale_log2);
+              row_sum[0] += st.z * f0;
+              row_sum[1] += st.w * f1;
+#pragma unroll
+              for (int k = 0; k < Dv / 8; ++k) {
+                const float4 v = __ldcg(src + k * 32);
+                o[4 * k] += v.x * f0;
+                o[4 * k + 1] += v.y * f0;
+                o[4 * k + 2] += v.z * f1;
+                o[4 * k + 3] += v.w * f1;
+              }
+            }
+          }
+          row_max[0] = m[0];
+          row_max[1] = m[1];
+        }
       }
 
       // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
@@ -775,6 +873,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // launches one block per tile). A stream destroyed and another created at the same address reuse
 // the pair: by then the old stream's kernels have finished, unless it was destroyed with work
 // pending.
+// The pair is followed by kFwdSplitTickets ints for the split tail's tickets (FwdSplitTail), each
+// zeroed again by the part that merges, so one buffer serves both.
+constexpr int kFwdSplitTickets = 8192;
+// The fewest key tiles per part of a split tail (fwd_split_tail_parts).
+constexpr int kFwdSplitMinKeyTiles = 4;
 struct FwdTileCounter {
   int* ptr = nullptr;              // what the kernel gets
   int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
@@ -793,7 +896,7 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
     (void)cudaGetLastError();
     return;
   }
-  constexpr size_t kBytes = 2 * sizeof(int);
+  constexpr size_t kBytes = (2 + kFwdSplitTickets) * sizeof(int);
   if (capture != cudaStreamCaptureStatusNone) {
     int* ptr = nullptr;
     if (cudaMallocAsync(&ptr, kBytes, stream) != cudaSuccess) {
@@ -870,14 +973,52 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (Cfg::kPersistent && !uniform) fwd_tile_counter(cuda_stream, counter);
   const bool persistent = Cfg::kPersistent && (uniform || counter.ptr != nullptr);
   // (Not persistent: one block per tile, and the kernel leaves its tile loop after that tile.)
-  int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.
   static const int64_t cap = env_count("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
-  if (persistent && cap > 0) blocks = std::min(blocks, cap);
-  // Tile indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
-  // the multiprocessors), and the static step saturates at num_tiles.
-  if (num_tiles + multiprocessor_count() > 0x7fffffff)
+  auto grid_blocks = [&](int64_t units) {
+    const int64_t b = persistent ? std::min<int64_t>(units, multiprocessor_count()) : units;
+    return persistent && cap > 0 ? std::min(b, cap) : b;
+  };
+  // The split tail (grid_order.hpp fwd_split_tail_parts): a uniform grid's last partial wave as
+  // parts over shares of the keys. FLASHATTN_CUDA_FWD_SPLIT_TAIL=0 never splits, =1 (testing)
+  // splits every tile in 3 (as far as the tickets go); read at every call, so that a benchmark
+  // times both in one process. FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES=N (tuning) overrides
+  // kFwdSplitMinKeyTiles.
+  FwdSplitTail split;
+  StreamBuffer split_ws;
+  int64_t units = num_tiles;
+  if constexpr (Cfg::kSplitTail) {
+    if (uniform && persistent && !env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "0")) {
+      const bool force = env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "1");
+      const int64_t min_key_tiles = env_count("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES");
+      const int64_t key_tiles = (int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN;
+      const int64_t blocks0 = grid_blocks(num_tiles);
+      const int parts = force ? 3
+                              : fwd_split_tail_parts(num_tiles, blocks0, key_tiles,
+                                                     min_key_tiles > 0 ? int(min_key_tiles) : kFwdSplitMinKeyTiles);
+      const int64_t r = force ? num_tiles : num_tiles % blocks0;
+      if (parts > 1 && r > 0 && r * Cfg::kConsumerWarpgroups <= kFwdSplitTickets) {
+        fwd_tile_counter(cuda_stream, counter);
+        if (counter.ptr != nullptr) {
+          const size_t bytes = size_t(r) * parts * Cfg::kConsumerWarpgroups * 128 * (Cfg::kHeadDimV / 2 + 4) * 4;
+          split_ws.stream = cuda_stream;
+          FA_CUDA_CHECK(cudaMallocAsync(&split_ws.ptr, bytes, cuda_stream));
+          split.first_unit = int(num_tiles - r);
+          split.tiles = int(r);
+          split.parts = parts;
+          split.set_key_tiles(key_tiles);
+          split.ws = static_cast<float*>(split_ws.ptr);
+          split.tickets = counter.ptr + 2;
+          units = num_tiles + (parts - 1) * r;
+        }
+      }
+    }
+  }
+  const int64_t blocks = grid_blocks(units);
+  // Unit indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
+  // the multiprocessors), and the static step saturates at the units.
+  if (units + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
   // Under a mask the last pairs' tiles go tile-major (grid_order.hpp fwd_tail_pairs): the grid ends
@@ -888,8 +1029,8 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   const int tail = fwd_tail_pairs(pairs, num_m_blocks, int(std::min<int64_t>(blocks, multiprocessor_count())),
                                   p.window_size_left >= 0 || p.window_size_right >= 0);
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
-      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
-      persistent ? counter.ptr : nullptr);
+      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(units),
+      persistent && !uniform ? counter.ptr : nullptr, split);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -179,6 +179,11 @@ struct FwdSm90Config {
       std::min(240, (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8);
   static_assert(128 * (kEntryRegs - kProducerRegs) >= 128 * kConsumerWarpgroups * (kConsumerRegs - kEntryRegs),
                 "setmaxnreg: the consumers would wait for registers the producer never frees");
+  // The split tail (grid_order.hpp FwdSplitTail): where a grid without a mask ends on a partial
+  // wave, its last tiles run as parts over shares of the keys, merged by the last part to end. Only
+  // the 16-bit configs with Q in registers and an O buffer of their own (head_dim 128): a part that
+  // does not merge skips the epilogue, which an O staged in the Q tile would not allow.
+  static constexpr bool kSplitTail = kElemBytes == 2 && kQInRegs && kOBytes > 0;
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + kOBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");

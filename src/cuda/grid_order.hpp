@@ -93,6 +93,74 @@ inline int64_t bwd_split_tail_blocks(int64_t blocks, int sms, int64_t rows, int 
   return r;
 }
 
+// A forward launch's work units (kernel argument of fwd_sm90_kernel): units below first_unit are
+// whole tiles (unit = tile); the `tiles` tiles from first_unit on run as `parts` units each, unit
+// first_unit + q · tiles + i being part q of tile first_unit + i, so that a tile's parts lie a
+// round of the static order apart and run side by side. Part q takes key tiles [key_bounds[q],
+// key_bounds[q + 1]) (in a uniform grid every tile sees the same key tiles; set_key_tiles()).
+// first_unit at or past the units: no split. ws, tickets: the parts' partials and per (split tile,
+// consumer warpgroup) arrival counts.
+struct FwdSplitTail {
+  static constexpr int kMaxParts = 4;
+  int first_unit = 0x7fffffff;
+  int tiles = 0;
+  int parts = 1;
+  int key_bounds[kMaxParts + 1] = {};
+  float* ws = nullptr;
+  int* tickets = nullptr;
+  // The tile of `unit` (>= first_unit) and its part.
+  FLASHATTN_HOST_DEVICE int tile_of(int unit, int& part) const {
+    int i = unit - first_unit;
+    part = 0;
+    while (i >= tiles) {  // (at most parts - 1 steps: no division on the path between tiles)
+      i -= tiles;
+      ++part;
+    }
+    return first_unit + i;
+  }
+  // key_bounds[q] by selects: a runtime index into a kernel argument's array would copy the array
+  // to local memory.
+  FLASHATTN_HOST_DEVICE int key_bound(int q) const {
+    return q <= 0 ? key_bounds[0] : q == 1 ? key_bounds[1] : q == 2 ? key_bounds[2] : q == 3 ? key_bounds[3] : key_bounds[4];
+  }
+  // Shares of key tiles [0, key_tiles) as even as they go, the later parts the larger.
+  void set_key_tiles(int64_t key_tiles) {
+    for (int q = 0; q <= parts; ++q) key_bounds[q] = int(key_tiles * q / parts);
+  }
+};
+
+// The unmasked forward's last partial wave, split along the keys (fwd_sm90_tma_wgmma.cuh). Without
+// a mask or varlen lengths every query tile of a persistent forward costs the same, and `tiles`
+// of them on `blocks` resident blocks (tiles = q · blocks + r) take q + 1 tile-times where the
+// work is q + r / blocks: at the FA-2 paper's head_dim 128 shapes and Llama-3.1-8B's, 2048 tiles
+// on 132 SMs are 15.52 tile-times of work in 16 (3 %). The last r tiles instead run as `parts`
+// work units apiece, each over a 1 / parts share of the tile's key tiles; the last unit of a tile
+// to end merges the parts' (O, row max, row sum) in part order (FA-2's rescaling, Dao 2023 Sec.
+// 3.1.1, as split-KV decoding does) and writes out and lse. parts · r units take
+// ceil(parts · r / blocks) / parts tile-times of their own: at r = 68 three parts end after
+// 15.67. Returns the parts (2-4) that end earliest, fewer on a tie, or 0 for none: not for a grid
+// of whole waves or of one, not where splitting saves nothing, and not where a part would get
+// fewer than `min_key_tiles` key tiles (its fixed cost, Q's load, the first product without
+// overlap and the partial's round trip through L2, would eat what it saves).
+inline int fwd_split_tail_parts(int64_t tiles, int64_t blocks, int64_t key_tiles, int min_key_tiles) {
+  if (blocks < 2 || tiles <= blocks || key_tiles < 1) return 0;
+  const int64_t r = tiles % blocks;
+  if (r == 0) return 0;
+  int best = 0;
+  int64_t best_num = 1, best_den = 1;  // tile-times of the tail: 1 unsplit
+  for (int parts = 2; parts <= FwdSplitTail::kMaxParts; ++parts) {
+    if (key_tiles < int64_t(parts) * min_key_tiles) break;
+    const int64_t rounds = (parts * r + blocks - 1) / blocks;  // rounds / parts tile-times
+    if (rounds * best_den < best_num * parts) {
+      best = parts;
+      best_num = rounds;
+      best_den = parts;
+    }
+  }
+  return best;
+}
+
+
 // n / d for 0 <= n < 2^31 and a fixed d >= 1 by a multiply-high and a shift (Granlund and
 // Montgomery 1994, Sec. 4: m = ceil(2^(31 + l) / d) with l = ceil(log2 d) is exact for 31-bit n).
 // The persistent forward splits a tile index into (batch, head, query block) at every tile, and

@@ -117,6 +117,25 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 150, 200, 2, 1, 128);
       c.head_dim_v = 64;
       add(c);
+      // ... and under masks (80-row steps there too since session 36): a sliding window over
+      // several 80-row steps and key tiles, a varlen causal batch whose sequences end inside steps
+      // (and one without keys), head_dim 96 causal top-left with seqlen_q past seqlen_k.
+      c = base(dt, 1, 500, 420, 4, 2, 128);
+      c.window_size_left = 90;
+      c.window_size_right = 40;
+      add(c);
+      c = multi_tile_varlen(dt, 4, 2);
+      c.causal = true;
+      add(c);
+      c = base(dt, 0, 0, 0, 2, 1, 128);
+      c.lens_q = {17, 0, 130, 1};
+      c.lens_k = {33, 7, 130, 0};
+      c.causal = true;
+      add(c);
+      c = base(dt, 1, 250, 170, 2, 1, 96);
+      c.causal = true;
+      c.align = CausalAlign::top_left;
+      add(c);
       if (dt == DType::bf16) {
         // The Hopper dK/dV kernel's split tail at its own threshold on a 132-SM H200
         // (grid_order.hpp bwd_split_tail_blocks): 17 heads x 9 key blocks are 153 blocks, and the

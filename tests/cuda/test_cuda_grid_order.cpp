@@ -131,6 +131,76 @@ TEST(CudaGridOrder, BackwardSplitTailBlocks) {
   EXPECT_EQ(bwd_split_tail_blocks(2048, 132, 2048, 1), 0);
 }
 
+// The forward's split tail (fwd_split_tail_parts): the parts that end the last partial wave
+// earliest, none where that saves nothing or a part's key tiles would be too few.
+TEST(CudaGridOrder, ForwardSplitTailParts) {
+  // FA-2 paper / Llama shapes at head_dim 128: 2048 tiles on 132 SMs, r = 68. Two parts would
+  // need 136 > 132 units in a round; three end after 2 / 3 of a tile-time, four after 3 / 4.
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 16, 4), 3);   // seqlen 2048: 16 key tiles
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 128, 4), 3);  // seqlen 16384
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 8, 4), 0);    // seqlen 1024: 8 < 3 x 4
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 8, 2), 3);
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 11, 4), 0);   // 2 parts fit the keys but save nothing
+  EXPECT_EQ(fwd_split_tail_parts(132 + 60, 132, 64, 4), 2);  // 120 units: one round of halves
+  EXPECT_EQ(fwd_split_tail_parts(132 + 66, 132, 64, 4), 2);  // 132 units: still one round
+  EXPECT_EQ(fwd_split_tail_parts(132 + 131, 132, 64, 4), 0);  // 262 / 393 / 524 units: no round saved
+  EXPECT_EQ(fwd_split_tail_parts(2112, 132, 64, 4), 0);   // whole waves
+  EXPECT_EQ(fwd_split_tail_parts(132, 132, 64, 4), 0);    // one wave
+  EXPECT_EQ(fwd_split_tail_parts(100, 132, 64, 4), 0);
+  EXPECT_EQ(fwd_split_tail_parts(2048, 1, 64, 4), 0);
+  EXPECT_EQ(fwd_split_tail_parts(2048, 132, 0, 1), 0);
+  // Whatever it returns ends the tail earlier than a whole tile-time and keeps min_key_tiles.
+  for (int64_t blocks : {2, 3, 7, 66, 132, 133}) {
+    for (int64_t tiles = blocks + 1; tiles < 5 * blocks; ++tiles) {
+      for (int64_t key_tiles : {1, 4, 8, 12, 16, 100}) {
+        const int parts = fwd_split_tail_parts(tiles, blocks, key_tiles, 4);
+        if (parts == 0) continue;
+        ASSERT_GE(parts, 2);
+        ASSERT_LE(parts, FwdSplitTail::kMaxParts);
+        ASSERT_GE(key_tiles, 4 * parts);
+        const int64_t r = tiles % blocks, rounds = (parts * r + blocks - 1) / blocks;
+        ASSERT_LT(rounds, parts) << tiles << " tiles on " << blocks << " blocks";
+      }
+    }
+  }
+}
+
+// The split tail's units (FwdSplitTail): every (tile, part) once, a tile's parts a round of the
+// static order apart, and its parts' key shares cover its key tiles in order without gaps.
+TEST(CudaGridOrder, ForwardSplitTailUnits) {
+  for (int parts = 2; parts <= FwdSplitTail::kMaxParts; ++parts) {
+    for (int tiles : {1, 5, 68, 200}) {
+      FwdSplitTail split;
+      split.first_unit = 1980;
+      split.tiles = tiles;
+      split.parts = parts;
+      std::vector<int> seen(size_t(tiles) * parts, 0);
+      for (int unit = split.first_unit; unit < split.first_unit + parts * tiles; ++unit) {
+        int part = -1;
+        const int tile = split.tile_of(unit, part);
+        ASSERT_GE(tile, split.first_unit);
+        ASSERT_LT(tile, split.first_unit + tiles);
+        ASSERT_GE(part, 0);
+        ASSERT_LT(part, parts);
+        ASSERT_EQ(unit - split.first_unit, part * tiles + (tile - split.first_unit));
+        ++seen[size_t(tile - split.first_unit) * parts + part];
+      }
+      for (const int n : seen) ASSERT_EQ(n, 1);
+      for (int64_t key_tiles : {int64_t(parts), int64_t(7), int64_t(16), int64_t(128), int64_t(1) << 24}) {
+        split.set_key_tiles(key_tiles);
+        ASSERT_EQ(split.key_bound(0), 0);
+        ASSERT_EQ(split.key_bound(parts), key_tiles);
+        for (int q = 0; q < parts; ++q) {
+          ASSERT_EQ(split.key_bound(q), split.key_bounds[q]);
+          const int64_t share = split.key_bound(q + 1) - split.key_bound(q);
+          ASSERT_GE(share, key_tiles / parts);
+          ASSERT_LE(share, key_tiles / parts + 1);
+        }
+      }
+    }
+  }
+}
+
 // The forward's tile split (FastDiv, grid_order.hpp): n / d by multiply-high and shift equals the
 // integer division for every 31-bit n, checked at the edges of each quotient and at random n for
 // divisors up to 2^31 - 1 (a wrong quotient would send a persistent block to another tile's rows).
