@@ -211,8 +211,11 @@ if [[ $what == *tests* ]]; then
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
   # three parts, their dK / dV summed by the last part of each warp's rows).
   suite_with '*CudaBackward*' FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
-  # head_dim 128 in 64-row steps (the default steps 80 there; softcap and ALiBi keep 64).
-  suite_with '*CudaBackward.*d128*' FLASHATTN_CUDA_BWD_BM80=0
+  # head_dim 128 in 64-row steps (the default steps 80 without a mask and under a causal mask from
+  # seqlen_q 2048), and in 80-row steps wherever the kernel allows (causal and windowed cases of
+  # every length; softcap and ALiBi keep 64).
+  suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=0
+  suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=1
   # The forward's split tail (head_dim 128 without a mask or varlen lengths) on every tile, in
   # three parts over its keys (parts without keys where a tile has fewer than three key tiles),
   # with the grid's blocks and with three (several units per block, a tile's parts in one block).
@@ -274,6 +277,11 @@ if [[ $what == *sanitize* ]]; then
   filter_fwd_split=$(printf '*CudaForward.*/%s:' "${fwd_split_cases[@]}")
   sanitize_three "forward split tail" "${filter_fwd_split%:}" FLASHATTN_CUDA_FWD_SPLIT_TAIL=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   sanitize_three "forward split tail, default rule" "CudaForwardMisc.SplitTailMatchesReference"
+  # The backward's 80-row steps under masks (causal, a window, varlen causal, top-left).
+  bm80_cases=(bf16_b2_sq300_sk517_h8k2_d128_causalBR bf16_b1_sq500_sk420_h4k2_d128_win90_40BR
+              'bf16_varlen_517*_d128_causalBR' bf16_b1_sq50_sk300_h2k1_d128_causalTL)
+  filter_bm80=$(printf '*CudaBackward.*/%s:' "${bm80_cases[@]}")
+  sanitize_three "backward 80-row steps under masks" "${filter_bm80%:}" FLASHATTN_CUDA_BWD_BM80=1
 fi
 
 if [[ $what == *python* ]]; then

@@ -11,7 +11,7 @@
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself; at
 //     block_m 80 the producer loads them into the stage instead);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
-//     rows at head_dim 64, 64 at 128 under softcap or ALiBi, 80 at 128 without them;
+//     rows at head_dim 64; at 128, 80 without a mask or causal over long sequences, else 64;
 //     dQ in 64-row tiles, or transposed at block_m 80):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)

@@ -199,7 +199,8 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
-// step (128 at head_dim 64; at 128, 80 without softcap or ALiBi, else 64) through kStages
+// step (128 at head_dim 64; at 128, 80 without a mask or under a causal one over long sequences,
+// never with softcap or ALiBi, else 64) through kStages
 // TMA buffers. Registers per consumer thread
 // (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32 (40
 // at block_m 80).
@@ -211,7 +212,7 @@ struct BwdSm90Config {
   // head_dim 64 streams 128 query rows per step (N = 128 for Sᵀ and dPᵀ: fewer shared-memory operand
   // bytes per FLOP and half the per-step overhead of 64-row steps; each consumer computes dQ for one
   // of the two 64-row halves, so that the registers fit); head_dim 128 (its dK, dV accumulators are
-  // twice as large) takes 80 (BwdSm90Bm80Config), or 64 under softcap or ALiBi.
+  // twice as large) takes 80 (BwdSm90Bm80Config) or 64 (launch's rule: bwd_sm80_launch.cu).
   static constexpr int kHeadDim = kHeadDim_, kBlockN = 128, kBlockM = kBlockM_, kStages = 2;
   static constexpr int kThreads = 384;
   // 80-row steps (FA-3's head_dim 128 tile without a mask; here under masks too): wgmma's M is
@@ -239,10 +240,12 @@ struct BwdSm90Config {
   static_assert(!kDqTransposed || kStages == 2, "the statistics area holds one [lse, D] per stage");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
-// head_dim 128 without softcap or ALiBi: 80 query rows per step (a quarter more work per step for
-// the same per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
+// head_dim 128 without softcap or ALiBi (and without a mask, or causal over long sequences): 80
+// query rows per step (a quarter more work per step for the same per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
 // (statistics) + 2 · 20 (dQᵀ) ≈ 226 KB.
 using BwdSm90Bm80Config = BwdSm90Config<128, 80>;
+// Under a causal mask the 80-row steps pay from this seqlen_q on (bwd_sm80_launch.cu).
+inline constexpr int kBwdBm80MinCausalSeqlenQ = 2048;
 
 // Launches the Hopper dK/dV kernel (dq added into the tiled p.dq_accum by bulk reduce-adds) for one
 // (element type, head_dim bucket 64 or 128); instantiated in the generated bwd_sm90_<dtype>_hdim<d>.cu.

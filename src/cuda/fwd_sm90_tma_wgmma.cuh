@@ -876,8 +876,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // The pair is followed by kFwdSplitTickets ints for the split tail's tickets (FwdSplitTail), each
 // zeroed again by the part that merges, so one buffer serves both.
 constexpr int kFwdSplitTickets = 8192;
-// The fewest key tiles per part of a split tail (fwd_split_tail_parts).
-constexpr int kFwdSplitMinKeyTiles = 4;
+// The fewest key tiles per part of a split tail (fwd_split_tail_parts). Measured (session 36,
+// head_dim 128, 2048 tiles on 132 SMs, three parts): seqlen 1024 (parts of 2-3 key tiles) -2 %,
+// 2048 (5-6) -1 to -0.6 %, 4096 (10-11) +0.6 %, 8192 and 16384 +1-2 %.
+constexpr int kFwdSplitMinKeyTiles = 8;
 struct FwdTileCounter {
   int* ptr = nullptr;              // what the kernel gets
   int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on

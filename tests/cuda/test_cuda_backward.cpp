@@ -117,9 +117,10 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 150, 200, 2, 1, 128);
       c.head_dim_v = 64;
       add(c);
-      // ... and under masks (80-row steps there too since session 36): a sliding window over
-      // several 80-row steps and key tiles, a varlen causal batch whose sequences end inside steps
-      // (and one without keys), head_dim 96 causal top-left with seqlen_q past seqlen_k.
+      // ... and under masks (80-row steps under a causal mask from seqlen_q 2048, and on every
+      // case here with FLASHATTN_CUDA_BWD_BM80=1, gpu_check.sh): a sliding window over several
+      // steps and key tiles, a varlen causal batch whose sequences end inside steps (and one
+      // without keys), head_dim 96 causal top-left with seqlen_q past seqlen_k.
       c = base(dt, 1, 500, 420, 4, 2, 128);
       c.window_size_left = 90;
       c.window_size_right = 40;
