@@ -932,6 +932,36 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
   counter.ptr = ptr;
 }
 
+// The split tail of a launch of Cfg's tiles (grid_order.hpp fwd_split_tail_parts): whether a
+// persistent grid without a mask or varlen lengths splits its last partial wave, in how many parts
+// and how many tiles (r). FLASHATTN_CUDA_FWD_SPLIT_TAIL=0 never splits, =1 (testing) splits every
+// tile in 3 (as far as the tickets go); FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES=N (tuning) overrides
+// kFwdSplitMinKeyTiles; both read at every call, so that a benchmark times either in one process.
+// FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS caps the blocks as the launch does.
+template <typename Cfg>
+bool fwd_split_tail_plan(const FwdParams& p, int batch, int max_seqlen_q, int& parts, int64_t& r) {
+  parts = 0;
+  r = 0;
+  const bool uniform = p.cu_seqlens_q == nullptr && p.window_size_left < 0 && p.window_size_right < 0;
+  if (!Cfg::kPersistent || !uniform || env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "0") || p.seqlen_k <= 0) return false;
+  const int64_t num_tiles = int64_t((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.num_heads * batch;
+  static const int64_t cap = env_count("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
+  int64_t blocks = std::min<int64_t>(num_tiles, multiprocessor_count());
+  if (cap > 0) blocks = std::min(blocks, cap);
+  if (num_tiles <= 0 || blocks <= 0) return false;
+  if (env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "1")) {
+    parts = 3;
+    r = num_tiles;
+  } else {
+    const int64_t min_key_tiles = env_count("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES");
+    parts = fwd_split_tail_parts(num_tiles, blocks, (int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN,
+                                 min_key_tiles > 0 ? int(min_key_tiles) : kFwdSplitMinKeyTiles);
+    r = num_tiles % blocks;
+  }
+  return parts > 1 && r > 0 && r * Cfg::kConsumerWarpgroups <= kFwdSplitTickets &&
+         num_tiles + (parts - 1) * r + multiprocessor_count() <= 0x7fffffff;
+}
+
 template <typename Elem, typename Cfg>
 void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int64_t rows_q, int64_t rows_k,
                             void* stream) {
@@ -982,38 +1012,26 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
     const int64_t b = persistent ? std::min<int64_t>(units, multiprocessor_count()) : units;
     return persistent && cap > 0 ? std::min(b, cap) : b;
   };
-  // The split tail (grid_order.hpp fwd_split_tail_parts): a uniform grid's last partial wave as
-  // parts over shares of the keys. FLASHATTN_CUDA_FWD_SPLIT_TAIL=0 never splits, =1 (testing)
-  // splits every tile in 3 (as far as the tickets go); read at every call, so that a benchmark
-  // times both in one process. FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES=N (tuning) overrides
-  // kFwdSplitMinKeyTiles.
+  // The split tail (fwd_split_tail_plan), in the config compiled with it.
   FwdSplitTail split;
   StreamBuffer split_ws;
   int64_t units = num_tiles;
   if constexpr (Cfg::kSplitTail) {
-    if (uniform && persistent && !env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "0")) {
-      const bool force = env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "1");
-      const int64_t min_key_tiles = env_count("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES");
-      const int64_t key_tiles = (int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN;
-      const int64_t blocks0 = grid_blocks(num_tiles);
-      const int parts = force ? 3
-                              : fwd_split_tail_parts(num_tiles, blocks0, key_tiles,
-                                                     min_key_tiles > 0 ? int(min_key_tiles) : kFwdSplitMinKeyTiles);
-      const int64_t r = force ? num_tiles : num_tiles % blocks0;
-      if (parts > 1 && r > 0 && r * Cfg::kConsumerWarpgroups <= kFwdSplitTickets) {
-        fwd_tile_counter(cuda_stream, counter);
-        if (counter.ptr != nullptr) {
-          const size_t bytes = size_t(r) * parts * Cfg::kConsumerWarpgroups * 128 * (Cfg::kHeadDimV / 2 + 4) * 4;
-          split_ws.stream = cuda_stream;
-          FA_CUDA_CHECK(cudaMallocAsync(&split_ws.ptr, bytes, cuda_stream));
-          split.first_unit = int(num_tiles - r);
-          split.tiles = int(r);
-          split.parts = parts;
-          split.set_key_tiles(key_tiles);
-          split.ws = static_cast<float*>(split_ws.ptr);
-          split.tickets = counter.ptr + 2;
-          units = num_tiles + (parts - 1) * r;
-        }
+    int parts = 0;
+    int64_t r = 0;
+    if (fwd_split_tail_plan<Cfg>(p, batch, max_seqlen_q, parts, r)) {
+      fwd_tile_counter(cuda_stream, counter);
+      if (counter.ptr != nullptr) {
+        const size_t bytes = size_t(r) * parts * Cfg::kConsumerWarpgroups * 128 * (Cfg::kHeadDimV / 2 + 4) * 4;
+        split_ws.stream = cuda_stream;
+        FA_CUDA_CHECK(cudaMallocAsync(&split_ws.ptr, bytes, cuda_stream));
+        split.first_unit = int(num_tiles - r);
+        split.tiles = int(r);
+        split.parts = parts;
+        split.set_key_tiles((int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN);
+        split.ws = static_cast<float*>(split_ws.ptr);
+        split.tickets = counter.ptr + 2;
+        units = num_tiles + (parts - 1) * r;
       }
     }
   }
@@ -1075,6 +1093,16 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
         return;
       case Tile256::d256:
         break;
+    }
+  }
+  // head_dim 128: the config with the split tail where the grid splits, the one without it elsewhere
+  // (fwd_traits.hpp: the merge's code slowed the kernel where it never runs).
+  if constexpr (requires { typename Traits::SplitTailConfig; }) {
+    int parts = 0;
+    int64_t r = 0;
+    if (fwd_split_tail_plan<typename Traits::SplitTailConfig>(p, batch, max_seqlen_q, parts, r)) {
+      launch_fwd_sm90_config<Elem, typename Traits::SplitTailConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
+      return;
     }
   }
   if constexpr (requires { typename Traits::MaskedShortConfig; })
