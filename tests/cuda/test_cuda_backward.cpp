@@ -21,6 +21,15 @@ struct BwdCase {
   std::string name() const { return cfg.name(); }
 };
 
+// A varlen batch with empty sequences: keys without queries, queries without keys, a tile of 130.
+ProblemConfig varlen_with_empty(DType dt, int64_t head_dim, bool causal) {
+  ProblemConfig c = base(dt, 0, 0, 0, 2, 1, head_dim);
+  c.lens_q = {17, 0, 130, 1};
+  c.lens_k = {33, 7, 130, 0};
+  c.causal = causal;
+  return c;
+}
+
 std::vector<BwdCase> backward_cases() {
   std::vector<BwdCase> cases;
   for (DType dt : {DType::f16, DType::bf16}) {
@@ -62,10 +71,7 @@ std::vector<BwdCase> backward_cases() {
       add(c);
       c.causal = true;
       add(c);
-      c = base(dt, 0, 0, 0, 2, 1, 64);
-      c.lens_q = {17, 0, 130, 1};
-      c.lens_k = {33, 7, 130, 0};
-      c.causal = true;
+      c = varlen_with_empty(dt, 64, true);
       add(c);
       if (det) continue;
       // Many query tiles per key tile, GQA groups of 4, varlen tiles that cross into the next
@@ -104,9 +110,7 @@ std::vector<BwdCase> backward_cases() {
       add(base(dt, 2, 300, 517, 8, 2, 128));
       add(base(dt, 1, 160, 96, 2, 1, 128));
       add(base(dt, 1, 150, 200, 2, 1, 96));
-      c = base(dt, 0, 0, 0, 2, 1, 128);
-      c.lens_q = {17, 0, 130, 1};
-      c.lens_k = {33, 7, 130, 0};
+      c = varlen_with_empty(dt, 128, false);
       add(c);
       c = base(dt, 1, 200, 170, 2, 2, 128);
       c.softcap = 20.0f;
@@ -128,10 +132,7 @@ std::vector<BwdCase> backward_cases() {
       c = multi_tile_varlen(dt, 4, 2);
       c.causal = true;
       add(c);
-      c = base(dt, 0, 0, 0, 2, 1, 128);
-      c.lens_q = {17, 0, 130, 1};
-      c.lens_k = {33, 7, 130, 0};
-      c.causal = true;
+      c = varlen_with_empty(dt, 128, true);
       add(c);
       c = base(dt, 1, 250, 170, 2, 1, 96);
       c.causal = true;
@@ -185,10 +186,7 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 100, 140, 2, 2, 128);
       c.head_dim_v = 256;
       add(c);
-      c = base(dt, 0, 0, 0, 2, 1, 256);
-      c.lens_q = {17, 0, 130, 1};
-      c.lens_k = {33, 7, 130, 0};
-      c.causal = true;
+      c = varlen_with_empty(dt, 256, true);
       add(c);
       // The 256 bucket's narrower configs (tile_256): MLA's head_dim 192 / head_dim_v 128
       // (consumer 0 owns one Q and one V panel, consumer 1 two and one; dQ staged in a buffer of
@@ -212,11 +210,8 @@ std::vector<BwdCase> backward_cases() {
         c.window_size_right = 0;
         c.align = CausalAlign::top_left;
         add(c);
-        c = base(dt, 0, 0, 0, 2, 1, 192);
+        c = varlen_with_empty(dt, 192, true);
         c.head_dim_v = dv;
-        c.lens_q = {17, 0, 130, 1};
-        c.lens_k = {33, 7, 130, 0};
-        c.causal = true;
         add(c);
       }
       c = multi_tile_varlen(dt, 4, 2);
