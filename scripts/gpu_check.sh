@@ -104,7 +104,8 @@ if [ "$mode" = build ]; then
         ksass=$(awk -v f="$fn" '/Function :/ {on = index($0, f) > 0} on' <<<"$sass")
         # FwdSm90Config<head_dim, block_n, stages, block_m, elem bytes, ...> from the mangled name.
         read -r hd bn bm eb < <(sed -E 's/.*FwdSm90ConfigILi([0-9]+)ELi([0-9]+)ELi[0-9]+ELi([0-9]+)ELi([0-9]+)E.*/\1 \2 \3 \4/' <<<"$fn")
-        tag="$(basename "$o") [d$hd bn$bn bm$bm]"
+        # (The last template argument true: the split tail's config, fwd_traits.hpp.)
+        tag="$(basename "$o") [d$hd bn$bn bm$bm$(grep -qE 'Lb1EEE' <<<"$fn" && echo ' split')]"
         if [ "$eb" = 2 ] && [ "$hd" -ge 128 ]; then
           n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$ksass")
           echo "== $tag: $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$bn" ] || echo " (WARNING: expected more than $bn; ptxas hoisted the wait, see max_exp)")"
