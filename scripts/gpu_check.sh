@@ -104,8 +104,7 @@ if [ "$mode" = build ]; then
         ksass=$(awk -v f="$fn" '/Function :/ {on = index($0, f) > 0} on' <<<"$sass")
         # FwdSm90Config<head_dim, block_n, stages, block_m, elem bytes, ...> from the mangled name.
         read -r hd bn bm eb < <(sed -E 's/.*FwdSm90ConfigILi([0-9]+)ELi([0-9]+)ELi[0-9]+ELi([0-9]+)ELi([0-9]+)E.*/\1 \2 \3 \4/' <<<"$fn")
-        # (The last template argument true: the split tail's config, fwd_traits.hpp.)
-        tag="$(basename "$o") [d$hd bn$bn bm$bm$(grep -qE 'Lb1EEE' <<<"$fn" && echo ' split')]"
+        tag="$(basename "$o") [d$hd bn$bn bm$bm]"
         if [ "$eb" = 2 ] && [ "$hd" -ge 128 ]; then
           n=$(awk '/DEPBAR.LE gsb0, 0x1/ && !s {s=1; next} s && /DEPBAR.LE gsb0, 0x0/ {exit} s && /MUFU.EX2/ {m++} END {print m + 0}' <<<"$ksass")
           echo "== $tag: $n MUFU.EX2 above the steady round's P V wait$([ "$n" -gt "$bn" ] || echo " (WARNING: expected more than $bn; ptxas hoisted the wait, see max_exp)")"
@@ -217,11 +216,6 @@ if [[ $what == *tests* ]]; then
   # every length; softcap and ALiBi keep 64).
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=0
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=1
-  # The forward's split tail (head_dim 128 without a mask or varlen lengths) on every tile, in
-  # three parts over its keys (parts without keys where a tile has fewer than three key tiles),
-  # with the grid's blocks and with three (several units per block, a tile's parts in one block).
-  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_SPLIT_TAIL=1
-  suite_with '*CudaForward*' FLASHATTN_CUDA_FWD_SPLIT_TAIL=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
 fi
 
 if [[ $what == *sanitize* ]]; then
@@ -272,12 +266,6 @@ if [[ $what == *sanitize* ]]; then
   split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')
   filter_split=$(printf '*CudaBackward.*/%s:' "${split_cases[@]}")
   sanitize_three "backward split tail" "${filter_split%:}" FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
-  # The forward's split tail on every tile of head_dim 128 cases without a mask (the parts'
-  # partials in L2, the tickets, the merge), and the test whose grids split by the default rule.
-  fwd_split_cases=(bf16_b1_sq113_sk203_h2k2_d128 bf16_b2_sq130_sk130_h8k2_d128 bf16_b1_sq150_sk260_h2k2_d128_scaleminus300)
-  filter_fwd_split=$(printf '*CudaForward.*/%s:' "${fwd_split_cases[@]}")
-  sanitize_three "forward split tail" "${filter_fwd_split%:}" FLASHATTN_CUDA_FWD_SPLIT_TAIL=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
-  sanitize_three "forward split tail, default rule" "CudaForwardMisc.SplitTailMatchesReference"
   # The backward's 80-row steps under masks (causal, a window, varlen causal, top-left).
   bm80_cases=(bf16_b2_sq300_sk517_h8k2_d128_causalBR bf16_b1_sq500_sk420_h4k2_d128_win90_40BR
               'bf16_varlen_517*_d128_causalBR' bf16_b1_sq50_sk300_h2k1_d128_causalTL)

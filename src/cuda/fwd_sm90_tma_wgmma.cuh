@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tmap_q,
                     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                     const __grid_constant__ CUtensorMap tmap_o, const bool o_tma, const TileOrder order,
-                    const FastDiv heads, const int num_tiles, int* const tile_counter,
-                    const FwdSplitTail split) {
+                    const FastDiv heads, const int num_tiles, int* const tile_counter) {
 #ifdef FLASHATTN_SM90_ENABLED
   using namespace sm90;
   // FP8 (e4m3): k and Vᵀ tiles K-major for both products (8-bit wgmma has no transpose), out bf16.
@@ -118,30 +117,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the consumers through a two-entry ring.
   const bool dynamic = Cfg::kPersistent && tile_counter != nullptr;
   // The static order's next tile, saturating at num_tiles: with one block per tile, tile +
-  // gridDim.x would pass 2^31 for num_tiles above 2^30. (A split-tail config is persistent, its
-  // gridDim.x at most the multiprocessors, and launch_fwd_sm90_config keeps num_tiles + those below
-  // 2^31: it steps without saturating, so that its consumers find a tile's unit again as the next
-  // one's minus gridDim.x instead of holding it in a register through the tile.)
+  // gridDim.x would pass 2^31 for num_tiles above 2^30.
   auto next_static_tile = [&](int tile) {
-    if constexpr (Cfg::kSplitTail) return tile + int(gridDim.x);
     return tile >= num_tiles - int(gridDim.x) ? num_tiles : tile + int(gridDim.x);
   };
-  // (num_tiles counts work units: tiles, and under a split tail the parts of its last tiles,
-  // FwdSplitTail; a part narrows its tile's key range to its share.)
-  auto tile_block = [&](int unit, FwdBlock& blk) {
-    int tile = unit, part = 0;
-    if constexpr (Cfg::kSplitTail)
-      if (unit >= split.first_unit) tile = split.tile_of(unit, part);
+  auto tile_block = [&](int tile, FwdBlock& blk) {
     // (pair = batch · heads + head, order.tiles.d query blocks per pair, heads.d = p.num_heads.)
     const PairTile pt = order.at(tile);
     const int b = heads.div(pt.pair), h = pt.pair - b * heads.d;
-    const bool real = fwd_block_at<BM, BN, true>(p, order.tiles.d - 1 - pt.tile, h, b, blk);
-    if constexpr (Cfg::kSplitTail)
-      if (unit >= split.first_unit) {
-        blk.nb_min = split.key_bound(part);
-        blk.nb_max = split.key_bound(part + 1);
-      }
-    return real;
+    return fwd_block_at<BM, BN, true>(p, order.tiles.d - 1 - pt.tile, h, b, blk);
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -166,10 +150,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto tile_full = [&](int e) { return bars + 8 * (2 + 4 * S + e); };
   auto tile_empty = [&](int e) { return bars + 8 * (4 + 4 * S + e); };
   int* tile_ring = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (6 + 4 * S));
-  // The split tail's ticket, handed from a warpgroup's thread 0 to its other threads.
-  int* split_ticket = reinterpret_cast<int*>(smem + (bars - sQ) + 8 * (8 + 4 * S));
-  static_assert(8 * (8 + 4 * S) + 4 * 4 <= 256,
-                "mbarriers, the tile ring and the split tickets fit in the 256 bytes kept for them");
+  static_assert(8 * (8 + 4 * S) <= 256, "mbarriers and the tile ring fit in the 256 bytes kept for them");
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -585,10 +566,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // (A subset of the block's [nb_min, nb_max), as its rows are.)
           const int64_t r_first = max(m0 + cw * 64, 0), r_last = min(int64_t(m0) + cw * 64 + 63, int64_t(len_q) - 1);
           if (r_first <= r_last) visible_key_tiles<BN>(p, r_first, r_last, offset, len_k, lo, hi);
-          if constexpr (Cfg::kSplitTail) {  // a split tile's part: its share of the keys
-            lo = max(lo, nb_min);
-            hi = min(hi, nb_max);
-          }
           if (lo >= hi) lo = hi = nb_min;
         }
         auto idle_round = [&](int nb) {
@@ -677,81 +654,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!Cfg::kQInRegs && !kQHeldToEpilogue) release(q_empty);
         }
         for (int nb = lo - 1; nb >= nb_min; --nb) idle_round(nb);
-      }
-
-      // The split tail (FwdSplitTail): each part leaves its unnormalized O, row maxima and (thread
-      // partial) row sums in its slot of split.ws, each warp its 16 rows as 32 lanes' float4s, and
-      // takes a ticket per consumer warpgroup; the last part of the tile to arrive merges every
-      // part's from the slots, in part order whichever arrived last (so that out does not change
-      // between runs), and goes on to the epilogue with them; the others skip it. Merging is FA-2's
-      // rescale: m = max_q m_q, l = sum_q l_q e^(m_q - m), O = sum_q O_q e^(m_q - m) (exp2 of the
-      // scaled scores, as in max_exp; a part that saw no key has m_q = -inf and weight 0). Release:
-      // every thread's fence before the warpgroup's barrier and thread 0's ticket; acquire: thread
-      // 0's fence after it, the barrier, and loads from L2 (ld.global.cg: another SM wrote them).
-      if constexpr (Cfg::kSplitTail) {
-        const int unit = static_tile - int(gridDim.x);  // (static: no split under dynamic tiles)
-        if (unit >= split.first_unit) {
-          int part = 0;
-          const int slot_tile = split.tile_of(unit, part) - split.first_unit;
-          constexpr int kSlotF4 = Dv / 8 + 1;  // O's Dv / 2 floats, then (max, max, sum, sum)
-          // The thread's place, read here (volatile) so that the compiler does not hoist it out of
-          // the tile loop and hold it in a register through every tile's main loop (which spilled).
-          uint32_t thread;
-          asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-          const int warp_slot = int(thread / 32) - 4, slot_lane = int(thread % 32);
-          auto slot = [&](int q) {
-            return reinterpret_cast<float4*>(split.ws) +
-                   ((int64_t(slot_tile) * split.parts + q) * kConsumerWarps + warp_slot) * kSlotF4 * 32 + slot_lane;
-          };
-          float4* const mine = slot(part);
-#pragma unroll
-          for (int k = 0; k < Dv / 8; ++k) mine[k * 32] = make_float4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
-          mine[(Dv / 8) * 32] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
-          __threadfence();
-          named_barrier_sync(kEpilogueBarrier + cw, 128);
-          int* const ticket = split.tickets + slot_tile * kNC + cw;
-          if (tid == 0) {
-            const int arrived = atomicAdd(ticket, 1);
-            __threadfence();
-            if (arrived == split.parts - 1) *ticket = 0;  // every part is in: zero for the next launch
-            split_ticket[cw] = arrived;
-          }
-          named_barrier_sync(kEpilogueBarrier + cw, 128);
-          if (split_ticket[cw] != split.parts - 1) continue;
-          float m[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-          for (int q = 0; q < FwdSplitTail::kMaxParts; ++q) {
-            if (q < split.parts) {
-              const float4 st = __ldcg(slot(q) + (Dv / 8) * 32);
-              m[0] = fmaxf(m[0], st.x);
-              m[1] = fmaxf(m[1], st.y);
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < Dv / 2; ++i) o[i] = 0.f;
-          row_sum[0] = row_sum[1] = 0.f;
-#pragma unroll
-          for (int q = 0; q < FwdSplitTail::kMaxParts; ++q) {
-            if (q < split.parts) {
-              const float4* const src = slot(q);
-              const float4 st = __ldcg(src + (Dv / 8) * 32);
-              const float f0 = st.x == -INFINITY ? 0.f : fast_exp2((st.x - m[0]) * scale_log2);
-              const float f1 = st.y == -INFINITY ? 0.f : fast_exp2((st.y - m[1]) * scale_log2);
-              row_sum[0] += st.z * f0;
-              row_sum[1] += st.w * f1;
-#pragma unroll
-              for (int k = 0; k < Dv / 8; ++k) {
-                const float4 v = __ldcg(src + k * 32);
-                o[4 * k] += v.x * f0;
-                o[4 * k + 1] += v.y * f0;
-                o[4 * k + 2] += v.z * f1;
-                o[4 * k + 3] += v.w * f1;
-              }
-            }
-          }
-          row_max[0] = m[0];
-          row_max[1] = m[1];
-        }
       }
 
       // Epilogue: O / l and lse = ln l + m · scale; a row with no visible key has l = 0: out 0,
@@ -873,13 +775,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // launches one block per tile). A stream destroyed and another created at the same address reuse
 // the pair: by then the old stream's kernels have finished, unless it was destroyed with work
 // pending.
-// The pair is followed by kFwdSplitTickets ints for the split tail's tickets (FwdSplitTail), each
-// zeroed again by the part that merges, so one buffer serves both.
-constexpr int kFwdSplitTickets = 8192;
-// The fewest key tiles per part of a split tail (fwd_split_tail_parts). Measured (session 36,
-// head_dim 128, 2048 tiles on 132 SMs, three parts): seqlen 1024 (parts of 2-3 key tiles) -2 %,
-// 2048 (5-6) -1 to -0.6 %, 4096 (10-11) +0.6 %, 8192 and 16384 +1-2 %.
-constexpr int kFwdSplitMinKeyTiles = 8;
 struct FwdTileCounter {
   int* ptr = nullptr;              // what the kernel gets
   int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
@@ -898,7 +793,7 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
     (void)cudaGetLastError();
     return;
   }
-  constexpr size_t kBytes = (2 + kFwdSplitTickets) * sizeof(int);
+  constexpr size_t kBytes = 2 * sizeof(int);
   if (capture != cudaStreamCaptureStatusNone) {
     int* ptr = nullptr;
     if (cudaMallocAsync(&ptr, kBytes, stream) != cudaSuccess) {
@@ -930,36 +825,6 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
     ptr = fresh;
   }
   counter.ptr = ptr;
-}
-
-// The split tail of a launch of Cfg's tiles (grid_order.hpp fwd_split_tail_parts): whether a
-// persistent grid without a mask or varlen lengths splits its last partial wave, in how many parts
-// and how many tiles (r). FLASHATTN_CUDA_FWD_SPLIT_TAIL=0 never splits, =1 (testing) splits every
-// tile in 3 (as far as the tickets go); FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES=N (tuning) overrides
-// kFwdSplitMinKeyTiles; both read at every call, so that a benchmark times either in one process.
-// FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS caps the blocks as the launch does.
-template <typename Cfg>
-bool fwd_split_tail_plan(const FwdParams& p, int batch, int max_seqlen_q, int& parts, int64_t& r) {
-  parts = 0;
-  r = 0;
-  const bool uniform = p.cu_seqlens_q == nullptr && p.window_size_left < 0 && p.window_size_right < 0;
-  if (!Cfg::kPersistent || !uniform || env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "0") || p.seqlen_k <= 0) return false;
-  const int64_t num_tiles = int64_t((max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.num_heads * batch;
-  static const int64_t cap = env_count("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
-  int64_t blocks = std::min<int64_t>(num_tiles, multiprocessor_count());
-  if (cap > 0) blocks = std::min(blocks, cap);
-  if (num_tiles <= 0 || blocks <= 0) return false;
-  if (env_is("FLASHATTN_CUDA_FWD_SPLIT_TAIL", "1")) {
-    parts = 3;
-    r = num_tiles;
-  } else {
-    const int64_t min_key_tiles = env_count("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES");
-    parts = fwd_split_tail_parts(num_tiles, blocks, (int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN,
-                                 min_key_tiles > 0 ? int(min_key_tiles) : kFwdSplitMinKeyTiles);
-    r = num_tiles % blocks;
-  }
-  return parts > 1 && r > 0 && r * Cfg::kConsumerWarpgroups <= kFwdSplitTickets &&
-         num_tiles + (parts - 1) * r + multiprocessor_count() <= 0x7fffffff;
 }
 
 template <typename Elem, typename Cfg>
@@ -1005,40 +870,14 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   if (Cfg::kPersistent && !uniform) fwd_tile_counter(cuda_stream, counter);
   const bool persistent = Cfg::kPersistent && (uniform || counter.ptr != nullptr);
   // (Not persistent: one block per tile, and the kernel leaves its tile loop after that tile.)
+  int64_t blocks = persistent ? std::min<int64_t>(num_tiles, multiprocessor_count()) : num_tiles;
   // FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=N (testing): at most N persistent blocks, so that small
   // test shapes send each block through several tiles.
   static const int64_t cap = env_count("FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS");
-  auto grid_blocks = [&](int64_t units) {
-    const int64_t b = persistent ? std::min<int64_t>(units, multiprocessor_count()) : units;
-    return persistent && cap > 0 ? std::min(b, cap) : b;
-  };
-  // The split tail (fwd_split_tail_plan), in the config compiled with it.
-  FwdSplitTail split;
-  StreamBuffer split_ws;
-  int64_t units = num_tiles;
-  if constexpr (Cfg::kSplitTail) {
-    int parts = 0;
-    int64_t r = 0;
-    if (fwd_split_tail_plan<Cfg>(p, batch, max_seqlen_q, parts, r)) {
-      fwd_tile_counter(cuda_stream, counter);
-      if (counter.ptr != nullptr) {
-        const size_t bytes = size_t(r) * parts * Cfg::kConsumerWarpgroups * 128 * (Cfg::kHeadDimV / 2 + 4) * 4;
-        split_ws.stream = cuda_stream;
-        FA_CUDA_CHECK(cudaMallocAsync(&split_ws.ptr, bytes, cuda_stream));
-        split.first_unit = int(num_tiles - r);
-        split.tiles = int(r);
-        split.parts = parts;
-        split.set_key_tiles((int64_t(p.seqlen_k) + Cfg::kBlockN - 1) / Cfg::kBlockN);
-        split.ws = static_cast<float*>(split_ws.ptr);
-        split.tickets = counter.ptr + 2;
-        units = num_tiles + (parts - 1) * r;
-      }
-    }
-  }
-  const int64_t blocks = grid_blocks(units);
-  // Unit indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
-  // the multiprocessors), and the static step saturates at the units.
-  if (units + multiprocessor_count() > 0x7fffffff)
+  if (persistent && cap > 0) blocks = std::min(blocks, cap);
+  // Tile indices are ints: a dynamic fetch returns at most num_tiles + gridDim.x (gridDim.x at most
+  // the multiprocessors), and the static step saturates at num_tiles.
+  if (num_tiles + multiprocessor_count() > 0x7fffffff)
     throw Error("q: expected fewer than 2^31 query blocks of " + std::to_string(Cfg::kBlockM) +
                 " rows over batch and heads on cuda, got " + std::to_string(num_tiles));
   // Under a mask the last pairs' tiles go tile-major (grid_order.hpp fwd_tail_pairs): the grid ends
@@ -1049,8 +888,8 @@ void launch_fwd_sm90_config(const FwdParams& p, int batch, int max_seqlen_q, int
   const int tail = fwd_tail_pairs(pairs, num_m_blocks, int(std::min<int64_t>(blocks, multiprocessor_count())),
                                   p.window_size_left >= 0 || p.window_size_right >= 0);
   kernel<<<dim3(unsigned(blocks)), Cfg::kThreads, Cfg::kSmemBytes, cuda_stream>>>(
-      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(units),
-      persistent && !uniform ? counter.ptr : nullptr, split);
+      p, tq, tk, tv, to, o_tma, TileOrder(pairs, num_m_blocks, tail), FastDiv(p.num_heads), int(num_tiles),
+      persistent ? counter.ptr : nullptr);
   FA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1093,16 +932,6 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
         return;
       case Tile256::d256:
         break;
-    }
-  }
-  // head_dim 128: the config with the split tail where the grid splits, the one without it elsewhere
-  // (fwd_traits.hpp: the merge's code slowed the kernel where it never runs).
-  if constexpr (requires { typename Traits::SplitTailConfig; }) {
-    int parts = 0;
-    int64_t r = 0;
-    if (fwd_split_tail_plan<typename Traits::SplitTailConfig>(p, batch, max_seqlen_q, parts, r)) {
-      launch_fwd_sm90_config<Elem, typename Traits::SplitTailConfig>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
-      return;
     }
   }
   if constexpr (requires { typename Traits::MaskedShortConfig; })

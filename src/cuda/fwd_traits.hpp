@@ -115,7 +115,7 @@ namespace flashattn::cuda {
 //             head_dim and head_dim_v <= 192 run narrower configs, and short masked calls block_n
 //             64 (FwdSm90Traits<256> below).
 template <int kHeadDim_, int kBlockN_, int kStages_, int kBlockM_ = 128, int kElemBytes_ = 2, int kExp2PolyEvery_ = 0,
-          int kHeadDimV_ = kHeadDim_, bool kPersistentOInQ_ = false, bool kSplitTail_ = false>
+          int kHeadDimV_ = kHeadDim_, bool kPersistentOInQ_ = false>
 struct FwdSm90Config {
   static constexpr int kHeadDim = kHeadDim_, kBlockN = kBlockN_, kStages = kStages_;
   // head_dim_v's bucket (V's columns, O's): below head_dim in the MLA shape (head_dim 192,
@@ -179,16 +179,6 @@ struct FwdSm90Config {
       std::min(240, (kEntryRegs + (kEntryRegs - kProducerRegs) / kConsumerWarpgroups) / 8 * 8);
   static_assert(128 * (kEntryRegs - kProducerRegs) >= 128 * kConsumerWarpgroups * (kConsumerRegs - kEntryRegs),
                 "setmaxnreg: the consumers would wait for registers the producer never frees");
-  // kSplitTail_: the split tail (grid_order.hpp FwdSplitTail): where a grid without a mask ends on
-  // a partial wave, its last tiles run as parts over shares of the keys, merged by the last part to
-  // end. A config of its own, launched only where the grid splits: compiled into the head_dim 128
-  // config, the merge's code cost 2-3 % at every other shape (session 36, same-call A/B), although
-  // it runs only after a split tile's main loop. 16-bit configs with Q in registers and an O buffer
-  // of their own: a part that does not merge skips the epilogue, which an O staged in the Q tile
-  // would not allow.
-  static constexpr bool kSplitTail = kSplitTail_;
-  static_assert(!kSplitTail || (kElemBytes == 2 && kQInRegs && kOBytes > 0),
-                "the split tail: 16-bit, Q in registers, an O buffer of its own");
   // Tiles, then the mbarriers, plus 1 KB to align the tiles to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + kOBytes + 256 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
@@ -277,8 +267,6 @@ inline bool fwd_short_tile_pays(int max_seqlen_q, int64_t batch_heads, int multi
 template <>
 struct FwdSm90Traits<128> {
   using Config = FwdSm90Config<128, 128, 2>;
-  // Config with the split tail (fwd_sm90_tma_wgmma.cuh launch_fwd_sm90), for uniform grids that split.
-  using SplitTailConfig = FwdSm90Config<128, 128, 2, 128, 2, 0, 128, false, true>;
 };
 // FP8 (e4m3) forward: head_dim 128, block_m 128 (two consumers, Q in registers), block_n 128 (Vᵀ's
 // K-major tile is one 128-byte panel of keys), 3 stages of 16 KB K and 16 KB Vᵀ tiles: 16 KB Q +

@@ -121,7 +121,7 @@ std::vector<BwdCase> backward_cases() {
       c = base(dt, 1, 150, 200, 2, 1, 128);
       c.head_dim_v = 64;
       add(c);
-      // ... and under masks (80-row steps under a causal mask from seqlen_q 2048, and on every
+      // ... and under masks (80-row steps under a causal mask from seqlen_q 2048, below; on every
       // case here with FLASHATTN_CUDA_BWD_BM80=1, gpu_check.sh): a sliding window over several
       // steps and key tiles, a varlen causal batch whose sequences end inside steps (and one
       // without keys), head_dim 96 causal top-left with seqlen_q past seqlen_k.
@@ -146,6 +146,11 @@ std::vector<BwdCase> backward_cases() {
         // elsewhere or not at all; the backward suite runs again with
         // FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)
         add(base(dt, 1, 2050, 1030, 17, 17, 128));
+        // Causal at seqlen_q 2100: the default's 80-row steps under a causal mask (from seqlen_q
+        // 2048), 26 full steps and a partial one per key tile, the diagonal crossing steps.
+        c = base(dt, 1, 2100, 2100, 2, 1, 128);
+        c.causal = true;
+        add(c);
       }
       // head_dim bucket 256 (the Hopper kernel whose consumers split the head dimension and pass
       // Pᵀ / dSᵀ through shared memory): many query tiles per 64-key tile with GQA and a causal

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -480,46 +479,6 @@ TEST(CudaForwardMisc, Repeatable) {
     g.lse.download();
     ASSERT_EQ(out0, g.out.bytes()) << "run " << i;
     ASSERT_EQ(lse0, g.lse.bytes()) << "run " << i;
-  }
-}
-
-// The split tail (grid_order.hpp FwdSplitTail): a uniform grid whose last partial wave runs as
-// parts over shares of the keys, merged by the last part to end. With at least one key tile per
-// part allowed (FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES, read per call), these grids split on an
-// H200's 132 SMs: 200 tiles (68 left over: three parts of one key tile each) and 300 tiles (36:
-// two parts of 4 and 5 key tiles, the last one partial, and 200-row sequences ending inside a
-// tile). out and lse match the reference, every element is written, and a second call gives the
-// same bytes (the merge runs in part order whichever part ends last). Elsewhere the grids do not
-// split and the test checks the unsplit kernel.
-TEST(CudaForwardMisc, SplitTailMatchesReference) {
-  FLASHATTN_REQUIRE_GPU();
-  struct EnvGuard {
-    EnvGuard() { setenv("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES", "1", 1); }
-    ~EnvGuard() { unsetenv("FLASHATTN_CUDA_FWD_SPLIT_MIN_KEY_TILES"); }
-  } env;
-  ProblemConfig a = base(DType::bf16, 1, 128, 300, 200, 40, 128);
-  ProblemConfig b = base(DType::f16, 2, 200, 1100, 75, 25, 128);
-  for (const ProblemConfig& c : {a, b}) {
-    const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(seed_note(seed));
-    Problem pr(c, seed);
-    GpuProblem g(pr, GpuLayout::contiguous);
-    forward(g.params());
-    g.out.download();
-    g.lse.download();
-    const std::vector<unsigned char> out0 = g.out.bytes(), lse0 = g.lse.bytes();
-    const std::vector<double> out = g.out.to_dense(), lse = g.lse_dense();
-    EXPECT_TRUE(g.out.all_written("out"));
-    EXPECT_TRUE(g.lse.all_written("lse"));
-    const DenseResults& ref = pr.reference(Precision::f64, false);
-    const DenseResults& naive = pr.reference(Precision::input, false);
-    EXPECT_TRUE(check_close("out", out, ref.out, naive.out, c.dtype));
-    EXPECT_TRUE(check_close("lse", lse, ref.lse, naive.lse, DType::f32));
-    forward(g.params());
-    g.out.download();
-    g.lse.download();
-    EXPECT_EQ(out0, g.out.bytes()) << "a second call changed out";
-    EXPECT_EQ(lse0, g.lse.bytes()) << "a second call changed lse";
   }
 }
 
