@@ -211,9 +211,9 @@ if [[ $what == *tests* ]]; then
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
   # three parts, their dK / dV summed by the last part of each warp's rows).
   suite_with '*CudaBackward*' FLASHATTN_CUDA_BWD_SPLIT_TAIL=1
-  # head_dim 128 in 64-row steps (the default steps 80 without a mask and under a causal mask from
-  # seqlen_q 2048), and in 80-row steps wherever the kernel allows (causal and windowed cases of
-  # every length; softcap and ALiBi keep 64).
+  # The 128 bucket (head_dim 96 / 128) in 64-row steps (the default steps 80 without a mask and
+  # under a causal mask from seqlen_q 2048), and in 80-row steps wherever the kernel allows (causal
+  # and windowed cases of every length; softcap and ALiBi keep 64).
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=0
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=1
 fi

@@ -308,11 +308,11 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // The Hopper kernel at head_dim 128 without softcap or ALiBi (their element-wise code spilled
   // next to 80-query tiles) steps 80 query rows at a time (BwdSm90Bm80Config, FA-3's tile without a
   // mask) where that was measured to pay: without a mask, and under a causal mask from seqlen_q
-  // kBwdBm80MinCausalSeqlenQ (session 36, bf16 / fp16 against 64-row steps: +2-8 % from 4096,
+  // kBwdBm80MinCausalSeqlenQ (session 36, bf16 / fp16 against 64-row steps: +2-15 % from 4096,
   // +0.5-1.6 % at 2048, -2 % at 1024, -10 % at 512, where the diagonal's masked steps weigh
-  // more). Other windows keep 64 (not measured). FLASHATTN_CUDA_BWD_BM80=0 keeps 64
-  // everywhere, =1 takes 80 wherever the kernel allows (testing); read at every call, for A/B runs
-  // in one process.
+  // more). Other windows keep 64 (not measured). A varlen batch goes by its longest sequence (the
+  // steps are one config per launch). FLASHATTN_CUDA_BWD_BM80=0 keeps 64 everywhere, =1 takes 80
+  // wherever the kernel allows (testing); read at every call, for A/B runs in one process.
   const bool bm80_allowed = use_sm90 && bucket == 128 && bp.softcap == 0.f && bp.alibi_slopes == nullptr;
   const bool bm80_pays = (bp.window_size_left < 0 && bp.window_size_right < 0) ||
                          (bp.window_size_left < 0 && bp.window_size_right == 0 &&

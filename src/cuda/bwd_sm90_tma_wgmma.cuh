@@ -11,7 +11,8 @@
 //     TMA buffers (each consumer loads the tile's lse·log2e and D = rowsum(dO ∘ O) itself; at
 //     block_m 80 the producer loads them into the stage instead);
 //   - two consumers (240 registers) own 64 keys each (wgmma's M). Per query tile (block_m = 128
-//     rows at head_dim 64; at 128, 80 without a mask or causal over long sequences, else 64;
+//     rows at head_dim 64; at 128, 80 without a mask or causal from seqlen_q 2048, never with
+//     softcap or ALiBi, else 64;
 //     dQ in 64-row tiles, or transposed at block_m 80):
 //       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                    wgmma, both operands from shared memory
 //       Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e)      (modifiers and mask as in the sm80 kernel)

@@ -199,9 +199,8 @@ namespace flashattn::cuda {
 
 // Tile shapes of the Hopper dK/dV kernel (bwd_sm90_tma_wgmma.cuh): a block keeps block_n = 128
 // keys resident (two consumer warpgroups of 64 keys, wgmma's M) and streams block_m query rows per
-// step (128 at head_dim 64; at 128, 80 without a mask or under a causal one over long sequences,
-// never with softcap or ALiBi, else 64) through kStages
-// TMA buffers. Registers per consumer thread
+// step (128 at head_dim 64; at 128, 80 without a mask or under a causal one from seqlen_q 2048,
+// never with softcap or ALiBi, else 64) through kStages TMA buffers. Registers per consumer thread
 // (240): dK and dV accumulators head_dim / 2 each, Sᵀ and dPᵀ block_m / 2 each, the dQ tile 32 (40
 // at block_m 80).
 // head_dim 256 does not fit (dK + dV alone would be 256 registers): BwdSm90SplitConfig below.
@@ -240,9 +239,10 @@ struct BwdSm90Config {
   static_assert(!kDqTransposed || kStages == 2, "the statistics area holds one [lse, D] per stage");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
-// head_dim 128 without softcap or ALiBi (and without a mask, or causal over long sequences): 80
-// query rows per step (a quarter more work per step for the same per-step latencies). Shared memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25
-// (statistics) + 2 · 20 (dQᵀ) ≈ 226 KB.
+// head_dim 128 without softcap or ALiBi (and without a mask, or causal from seqlen_q 2048): 80
+// query rows per step (a quarter more work per step for the same per-step latencies). Shared
+// memory 32 + 32 (K, V) + 2 · (20 + 20) (Q, dO) + 2 · 20 (dS) + 1.25 (statistics) + 2 · 20 (dQᵀ)
+// ≈ 226 KB.
 using BwdSm90Bm80Config = BwdSm90Config<128, 80>;
 // Under a causal mask the 80-row steps pay from this seqlen_q on (bwd_sm80_launch.cu).
 inline constexpr int kBwdBm80MinCausalSeqlenQ = 2048;

@@ -147,7 +147,7 @@ std::vector<BwdCase> backward_cases() {
         // FLASHATTN_CUDA_BWD_SPLIT_TAIL=1, gpu_check.sh.)
         add(base(dt, 1, 2050, 1030, 17, 17, 128));
         // Causal at seqlen_q 2100: the default's 80-row steps under a causal mask (from seqlen_q
-        // 2048), 26 full steps and a partial one per key tile, the diagonal crossing steps.
+        // 2048; 2100 = 26 · 80 + 20), the diagonal crossing steps.
         c = base(dt, 1, 2100, 2100, 2, 1, 128);
         c.causal = true;
         add(c);
