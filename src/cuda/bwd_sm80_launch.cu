@@ -41,6 +41,16 @@ struct RowUnit {
   int64_t stat;   // index into dsum / lse_log2
 };
 
+// Sequence b's first row in q / out / dout / dq and its length (batched: row 0 and seqlen_q).
+struct QuerySequence {
+  int64_t start;
+  int len;
+};
+__device__ __forceinline__ QuerySequence query_sequence(const BwdParams& p, int b) {
+  if (p.cu_seqlens_q == nullptr) return {0, p.seqlen_q};
+  return {p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]};
+}
+
 template <int kTpr>
 __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
   RowUnit<kTpr> r{};
@@ -51,14 +61,9 @@ __device__ __forceinline__ RowUnit<kTpr> row_unit(const BwdParams& p) {
   if (!r.active) return r;
   r.h = static_cast<int>(w / p.stat_rows);
   r.i = static_cast<int>(w % p.stat_rows);
-  int64_t start = 0;
-  int len = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    start = p.cu_seqlens_q[b];
-    len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-  }
-  r.valid = r.i < len;
-  r.q_row = start + r.i;
+  const QuerySequence seq = query_sequence(p, b);
+  r.valid = r.i < seq.len;
+  r.q_row = seq.start + r.i;
   r.stat = (static_cast<int64_t>(b) * p.num_heads + r.h) * p.stat_rows + r.i;
   return r;
 }
@@ -146,18 +151,13 @@ __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_kernel(const __gr
 template <typename Elem>
 __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_bm80_kernel(const __grid_constant__ BwdParams p) {
   using Storage = typename Elem::Storage;
-  constexpr int kRows = 80, kCols = 128, kLd = kCols + 4;  // +4: row starts 4 banks apart
+  constexpr int kRows = BwdSm90Bm80Config::kBlockM, kCols = 128, kLd = kCols + 4;  // +4: rows 4 banks apart
   __shared__ float tile[kRows * kLd];
   griddep_wait();
   const int b = blockIdx.y, h = static_cast<int>(blockIdx.x / (p.stat_rows / kRows));
   const int i0 = static_cast<int>(blockIdx.x % (p.stat_rows / kRows)) * kRows;
-  int64_t start = 0;
-  int len = p.seqlen_q;
-  if (p.cu_seqlens_q != nullptr) {
-    start = p.cu_seqlens_q[b];
-    len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-  }
-  if (i0 >= len) return;
+  const QuerySequence seq = query_sequence(p, b);
+  if (i0 >= seq.len) return;
   const float4* src = reinterpret_cast<const float4*>(
       p.dq_accum + ((static_cast<int64_t>(b) * p.num_heads + h) * p.stat_rows + i0) * kCols);
   for (int v = threadIdx.x; v < kRows * kCols / 4; v += kRowThreads) {
@@ -175,14 +175,14 @@ __global__ void __launch_bounds__(kRowThreads) bwd_postprocess_bm80_kernel(const
   const float s = p.softmax_scale;
   for (int u = threadIdx.x; u < kRows * (kCols / 8); u += kRowThreads) {
     const int r = u / (kCols / 8), c = (u % (kCols / 8)) * 8;
-    if (i0 + r >= len || c >= p.head_dim) continue;
+    if (i0 + r >= seq.len || c >= p.head_dim) continue;
     const float* x = tile + r * kLd + c;
     uint4 out;
     out.x = pack2<Elem>(x[0] * s, x[1] * s);
     out.y = pack2<Elem>(x[2] * s, x[3] * s);
     out.z = pack2<Elem>(x[4] * s, x[5] * s);
     out.w = pack2<Elem>(x[6] * s, x[7] * s);
-    Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + (start + i0 + r) * p.dq_row_stride +
+    Storage* dst = static_cast<Storage*>(p.dq) + b * p.dq_batch_stride + (seq.start + i0 + r) * p.dq_row_stride +
                    h * p.dq_head_stride;
     *reinterpret_cast<uint4*>(dst + c) = out;
   }
@@ -323,7 +323,8 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // Workspace: dsum and lse_log2 [batch, num_heads, stat_rows], then the dq accumulator. 80-row
   // steps read their statistics and add their dQ in whole 80-row tiles too.
   bp.stat_rows = (bp.seqlen_q + kStatRowAlign - 1) / kStatRowAlign * kStatRowAlign;
-  if (bm80) bp.stat_rows = (bp.stat_rows + 79) / 80 * 80;
+  constexpr int kBm80 = BwdSm90Bm80Config::kBlockM;
+  if (bm80) bp.stat_rows = (bp.stat_rows + kBm80 - 1) / kBm80 * kBm80;
   const int64_t stat_count = static_cast<int64_t>(bp.batch) * bp.num_heads * bp.stat_rows;
   // The Hopper kernels' bulk reduce-adds want whole 64 x 64 tiles over the head_dim bucket (80 x
   // 16 blocks under bm80), or in the 256 bucket over the head-dim-split kernel's config (192
@@ -375,7 +376,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   // must start on a 16-byte boundary: 2 * stat_count floats is one because stat_rows is a multiple
   // of kStatRowAlign. (Unpadded, batch * num_heads * seqlen_q odd put it 8 bytes off: "misaligned
   // address" in the postprocess at seqlen_q = 1.)
-  static_assert(kStatRowAlign % 2 == 0, "dq_accum must start 16-byte aligned");  // (and 80 is even)
+  static_assert(kStatRowAlign % 2 == 0 && kBm80 % 2 == 0, "dq_accum must start 16-byte aligned");
   bp.dq_accum = p.deterministic || accum_count == 0 ? nullptr : base + 2 * stat_count;  // zeroed by the preprocess
   // (16-byte aligned after dq_accum: its floats are a multiple of 64 per row.)
   bp.split_ws = split_blocks > 0 ? base + 2 * stat_count + accum_count : nullptr;
@@ -417,8 +418,8 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
       if (p.deterministic && bp.seqlen_q > 0) launch_bwd_sm80<Elem, kHeadDim, true>(bp, stream);
       if (!p.deterministic && row_grid.x > 0) {
         if constexpr (kHeadDim == 128) {
-          if (bp.dq_accum_tile_rows == 80) {
-            const dim3 tile_grid(static_cast<unsigned>(static_cast<int64_t>(bp.stat_rows / 80) * bp.num_heads),
+          if (bp.dq_accum_tile_rows == BwdSm90Bm80Config::kBlockM) {
+            const dim3 tile_grid(static_cast<unsigned>(static_cast<int64_t>(bp.stat_rows / kBm80) * bp.num_heads),
                                  bp.batch);
             launch_kernel(bwd_postprocess_bm80_kernel<Elem>, tile_grid, dim3(kRowThreads), 0, stream, bp.pdl, bp);
             return;

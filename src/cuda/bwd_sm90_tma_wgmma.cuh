@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // leaves as bulk reduce-adds (FA-3's dQ path) from this consumer's staging buffer, in the
         // accumulator's own tiled layout (bwd_traits.hpp dq_accum_offset; dq_accum_block80_offset at
         // BM = 80), one reduce per warp for its own rows (contiguous in both layouts), issued once
-        // the warp has staged them: no barrier of the warpgroup on the step's path. A warp's rows are free once its previous
-        // reduce has read them: its lane 0 waits for that before the barrier that also publishes
-        // both consumers' dSᵀ.
+        // the warp has staged them: no barrier of the warpgroup on the step's path. A warp's rows
+        // are free once its previous reduce has read them: its lane 0 waits for that before the
+        // barrier that also publishes both consumers' dSᵀ.
         if (lane == 0) bulk_wait_read<0>();
         named_barrier_sync(1, 256);
         if (cw == 1) named_barrier_sync(15, 256);  // dQ in the same order as Sᵀ / dPᵀ (barrier 14)

@@ -9,9 +9,9 @@
 
 #include <cstdint>
 #include <random>
-#include <vector>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/params.hpp"
 #include "cuda/bwd_traits.hpp"
@@ -217,7 +217,7 @@ TEST(CudaBwdTiles, DqAccumulatorLayoutsAreTiledBijections) {
     BwdParams p{};
     p.head_dim = 128;
     p.dq_accum_cols = 128;
-    const int rows = 320, cols = 128, tr = tile_rows == 80 ? 80 : 64, tc = tile_rows == 80 ? 16 : 64;
+    const int rows = 320, cols = 128, tr = tile_rows, tc = tile_rows == 80 ? 16 : 64;
     std::vector<int> seen(size_t(rows) * cols, 0);
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < cols; ++c) {
