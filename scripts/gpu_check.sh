@@ -216,6 +216,10 @@ if [[ $what == *tests* ]]; then
   # and windowed cases of every length; softcap and ALiBi keep 64).
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=0
   suite_with '*CudaBackward.*d128*:*CudaBackward.*d96*' FLASHATTN_CUDA_BWD_BM80=1
+  # Each capture test alone, in a process whose first calls (kernel attributes, module loading, a
+  # stream's tile counter) happen beside or under the global-mode capture.
+  suite_with 'CudaBackwardMisc.CallsBesideAGlobalCapture'
+  suite_with 'CudaBackwardMisc.UnderGlobalModeCapture'
 fi
 
 if [[ $what == *sanitize* ]]; then

@@ -272,6 +272,7 @@ Lengths varlen_lengths(const detail::Params& p) {
   if (!p.is_varlen) return l;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (stream_capturing(stream)) return l;
+  const RelaxedCaptureMode relaxed;  // (another stream may be under capture)
   SeqlenCheck q = check_device_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.seqlen_q, p.rows_q,
                                           "total_q = q.shape[0]", stream);
   if (!q.error.empty()) return {0, 0, q.error};

@@ -367,8 +367,7 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   const size_t bytes =
       static_cast<size_t>(2 * stat_count + accum_count + split_ws_count + bp.split_sync_ints) * sizeof(float);
   StreamBuffer ws;
-  ws.stream = stream;
-  if (bytes > 0) FA_CUDA_CHECK(cudaMallocAsync(&ws.ptr, bytes, stream));
+  if (bytes > 0) FA_CUDA_CHECK(ws.allocate(bytes, stream));
   float* base = static_cast<float*>(ws.ptr);
   bp.dsum = base;
   bp.lse_log2 = base + stat_count;

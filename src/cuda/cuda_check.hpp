@@ -124,13 +124,48 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// This thread's stream-capture mode relaxed for the scope's lifetime (push / pop with
+// cudaThreadExchangeStreamCaptureMode), around the calls CUDA counts as unsafe while any capture
+// runs (cudaMalloc, a copy to pageable host memory and its synchronize) that the library makes
+// for a stream the caller has just checked is not being captured. Under the default global mode
+// (PyTorch's torch.cuda.graph) such a call fails while another stream is being captured, in this
+// thread or another, and invalidates that capture; it touches nothing the capture records.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  ~RelaxedCaptureMode() {
+    if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_ = false;
+};
+
 // Working memory taken with cudaMallocAsync on a stream: freed on the stream on every exit path
-// (errors included).
+// (errors included). Both calls run in a relaxed capture mode: stream-ordered on this stream, they
+// are captured with it when it is being captured, and CUDA would otherwise refuse them (and
+// invalidate the capture) while another stream is captured in global mode (RelaxedCaptureMode).
 struct StreamBuffer {
   void* ptr = nullptr;
   cudaStream_t stream = nullptr;
+  // CUDA's error, ptr left null and the thread's last error cleared, on failure.
+  cudaError_t allocate(size_t bytes, cudaStream_t on) {
+    const RelaxedCaptureMode relaxed;
+    stream = on;
+    const cudaError_t err = cudaMallocAsync(&ptr, bytes, on);
+    if (err != cudaSuccess) {
+      ptr = nullptr;
+      (void)cudaGetLastError();  // not sticky: later launches must not report it
+    }
+    return err;
+  }
   ~StreamBuffer() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+    if (ptr == nullptr) return;
+    const RelaxedCaptureMode relaxed;
+    cudaFreeAsync(ptr, stream);
   }
 };
 

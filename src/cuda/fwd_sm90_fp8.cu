@@ -91,11 +91,8 @@ void launch_fwd_sm90_fp8(const FwdParams& p0, int batch, int max_seqlen_q, int64
   FwdParams p = p0;
   p.vt_cols = (int64_t(p.seqlen_k) + 127) / 128 * 128;
   StreamBuffer vt;
-  vt.stream = cuda_stream;
   const size_t bytes = size_t(batch) * num_heads_k * Cfg::kHeadDim * p.vt_cols;
-  if (const cudaError_t err = cudaMallocAsync(&vt.ptr, bytes, cuda_stream); err != cudaSuccess) {
-    vt.ptr = nullptr;
-    cudaGetLastError();  // not sticky: later launches must not report it
+  if (const cudaError_t err = vt.allocate(bytes, cuda_stream); err != cudaSuccess) {
     throw Error("v: the FP8 forward's transposed copy of v (its workspace) needs " + std::to_string(bytes) +
                 " bytes of device memory, cudaMallocAsync failed: " + cudaGetErrorString(err));
   }

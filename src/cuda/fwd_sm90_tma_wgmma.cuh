@@ -812,6 +812,7 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
   const std::lock_guard<std::mutex> lock(mu);
   int*& ptr = pairs[{device, stream}];
   if (ptr == nullptr) {
+    const RelaxedCaptureMode relaxed;  // (another stream may be under capture)
     int* fresh = nullptr;
     if (cudaMalloc(&fresh, kBytes) != cudaSuccess) {
       (void)cudaGetLastError();

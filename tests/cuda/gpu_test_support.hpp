@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -260,13 +261,15 @@ inline ProblemConfig multi_tile_varlen(DType dt, int64_t h, int64_t hk) {
   return c;
 }
 
-// One call captured into a CUDA graph on a stream of its own (non-blocking, thread-local capture
-// mode), to be replayed: capture(fn) runs fn(stream) under capture and instantiates the graph;
-// replay() launches it after the device's earlier work and waits for it. Use with
-// ASSERT_NO_FATAL_FAILURE.
+// One call captured into a CUDA graph on a stream of its own (non-blocking; thread-local capture
+// mode unless told otherwise: PyTorch's torch.cuda.graph captures in global mode), to be replayed:
+// capture(fn) runs fn(stream) under capture and instantiates the graph; replay() launches it after
+// the device's earlier work and waits for it. Use with ASSERT_NO_FATAL_FAILURE.
 class GraphCapture {
  public:
-  GraphCapture() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  explicit GraphCapture(cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) : mode_(mode) {
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  }
   ~GraphCapture() {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
@@ -278,9 +281,18 @@ class GraphCapture {
   template <typename F>
   void capture(F&& fn) {
     ASSERT_NE(stream_, nullptr);
-    FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    fn(stream_);
-    FLASHATTN_ASSERT_CUDA(cudaStreamEndCapture(stream_, &graph_));
+    FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream_, mode_));
+    // A throwing fn must still end the capture: an open global-mode one would fail the tests after.
+    std::string failure;
+    try {
+      fn(stream_);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph_);
+    if (!failure.empty() || end != cudaSuccess) (void)cudaGetLastError();  // (not the next test's)
+    ASSERT_EQ(failure, "") << "the captured call threw";
+    ASSERT_EQ(end, cudaSuccess) << "cudaStreamEndCapture: " << cudaGetErrorString(end);
     FLASHATTN_ASSERT_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
   }
   void replay() {
@@ -291,6 +303,7 @@ class GraphCapture {
   }
 
  private:
+  cudaStreamCaptureMode mode_;
   cudaStream_t stream_ = nullptr;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;

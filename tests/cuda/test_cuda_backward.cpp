@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -371,6 +372,110 @@ TEST(CudaBackwardMisc, UnderGraphCaptureNoKeysAtReplay) {
     for (double x : dq) nonzero += x != 0.0;
     EXPECT_EQ(nonzero, 0) << "dq elements not 0 where no key is visible";
   }
+}
+
+// A causal forward and its backward captured in global mode, as torch.cuda.graph captures: the
+// forward's tile counter is then taken with the launch (cudaMallocAsync), and nothing the library
+// calls during capture may be one CUDA refuses in that mode.
+TEST(CudaBackwardMisc, UnderGlobalModeCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  ProblemConfig c = base(DType::bf16, 2, 300, 300, 4, 2, 128);
+  c.causal = true;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed);
+  GpuProblem g(pr, GpuLayout::contiguous);
+  std::string why;
+  if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  GraphCapture graph(cudaStreamCaptureModeGlobal);
+  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t stream) {
+    AttentionParams a = g.params();
+    a.stream = stream;
+    forward(a);
+    backward(a);
+  }));
+  ASSERT_NO_FATAL_FAILURE(graph.replay());
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  const DenseResults& ref = pr.reference(Precision::f64, false);
+  const DenseResults& naive = pr.reference(Precision::input, false);
+  EXPECT_TRUE(check_close("out", out, ref.out, naive.out, c.dtype));
+  expect_gradients_match(g);
+}
+
+// Calls on a stream that is not being captured while another stream of the same thread is, in
+// global mode: the first masked sm90 forward on a stream takes its tile counter with cudaMalloc,
+// and a varlen call reads its device cu_seqlens back with a synchronizing copy. CUDA refuses both
+// beside a global capture and the refusal invalidates that capture (the first part shows it with
+// a bare cudaMalloc), so the library relaxes its thread's capture mode around them. The forward's
+// counter is allocated only on a stream's first call: gpu_check.sh also runs this test alone, in a
+// process whose streams are all fresh.
+TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  struct Streams {
+    cudaStream_t cap = nullptr, eager = nullptr;
+    void* scratch = nullptr;
+    ~Streams() {
+      cudaFree(scratch);
+      if (cap != nullptr) cudaStreamDestroy(cap);
+      if (eager != nullptr) cudaStreamDestroy(eager);
+    }
+  } s;
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&s.cap, cudaStreamNonBlocking));
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&s.eager, cudaStreamNonBlocking));
+  FLASHATTN_ASSERT_CUDA(cudaMalloc(&s.scratch, 64));
+  // What the library must not do (informational: a later CUDA may allow it).
+  {
+    FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(s.cap, cudaStreamCaptureModeGlobal));
+    void* p = nullptr;
+    const cudaError_t alloc = cudaMalloc(&p, 64);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s.cap, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (p != nullptr) cudaFree(p);
+    (void)cudaGetLastError();
+    std::printf("[   INFO   ] cudaMalloc beside a global capture: %s; the capture's end: %s\n",
+                cudaGetErrorName(alloc), cudaGetErrorName(end));
+  }
+  ProblemConfig c = base(DType::bf16, 2, 300, 300, 4, 2, 128);
+  c.causal = true;
+  ProblemConfig cv = multi_tile_varlen(DType::bf16, 4, 2);
+  cv.causal = true;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed), prv(cv, seed + 1);
+  GpuProblem g(pr, GpuLayout::contiguous), gv(prv, GpuLayout::contiguous);
+  std::string why;
+  if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(s.cap, cudaStreamCaptureModeGlobal));
+  std::string failure;
+  try {
+    if (const cudaError_t e = cudaMemsetAsync(s.scratch, 0, 64, s.cap); e != cudaSuccess)
+      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(e));
+    AttentionParams a = g.params(), av = gv.params();
+    a.stream = av.stream = s.eager;
+    forward(a);
+    forward(av);
+    backward(a);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s.cap, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  // (A failure here must not leave its error to the next test's first launch check.)
+  if (!failure.empty() || end != cudaSuccess) (void)cudaGetLastError();
+  ASSERT_EQ(failure, "") << "a call beside the capture threw";
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorName(end) << ": the calls beside the capture invalidated it";
+  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(s.eager));
+  for (auto* gp : {&g, &gv}) {
+    const std::vector<double> out = gp->out.to_dense();
+    EXPECT_TRUE(gp->out.all_written("out"));
+    const DenseResults& ref = gp->problem->reference(Precision::f64, false);
+    const DenseResults& naive = gp->problem->reference(Precision::input, false);
+    EXPECT_TRUE(check_close("out", out, ref.out, naive.out, DType::bf16));
+  }
+  expect_gradients_match(g);
 }
 
 // deterministic = true: 100 runs give bitwise the same dq, dk, dv (GQA, so dk/dv sum over heads).
