@@ -180,7 +180,10 @@ Plan plan(const AttentionParams& params, Pass pass);
 /// Forward pass: writes out (and lse when defined). Throws flashattn::Error on bad input; on error
 /// nothing is written to the outputs. CUDA calls are asynchronous on params.stream, except that a
 /// varlen call first reads cu_seqlens back with one synchronizing copy (not under stream capture);
-/// a kernel fault surfaces as flashattn::CudaError from a later call, as with any CUDA work.
+/// a kernel fault surfaces as flashattn::CudaError from a later call, as with any CUDA work. Calls
+/// may be captured into CUDA graphs in any capture mode, and calls on a stream that is not being
+/// captured may run while another stream is (the library's own allocations and copies then run in
+/// a relaxed capture mode, so that they do not invalidate that capture).
 void forward(const AttentionParams& params);
 
 /// Backward pass: writes dq, dk, dv. lse must be the forward's. Throws flashattn::Error.
