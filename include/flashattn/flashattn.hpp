@@ -180,13 +180,16 @@ Plan plan(const AttentionParams& params, Pass pass);
 /// Forward pass: writes out (and lse when defined). Throws flashattn::Error on bad input; on error
 /// nothing is written to the outputs. CUDA calls are asynchronous on params.stream, except that a
 /// varlen call first reads cu_seqlens back with one synchronizing copy (not under stream capture);
-/// a kernel fault surfaces as flashattn::CudaError from a later call, as with any CUDA work. Calls
-/// may be captured into CUDA graphs in any capture mode, and calls on a stream that is not being
-/// captured may run while another stream is (the library's own allocations and copies then run in
-/// a relaxed capture mode, so that they do not invalidate that capture).
+/// a kernel fault surfaces as flashattn::CudaError from a later call, as with any CUDA work.
+/// CUDA graphs: calls may be captured in any capture mode, and calls on a stream that is not being
+/// captured may run while another stream is (the library's own allocations, copies and
+/// synchronizations run in a relaxed capture mode, so that they do not invalidate that capture;
+/// CUDA's own rules still apply: the legacy default stream cannot run beside the capture of a
+/// blocking stream).
 void forward(const AttentionParams& params);
 
-/// Backward pass: writes dq, dk, dv. lse must be the forward's. Throws flashattn::Error.
+/// Backward pass: writes dq, dk, dv. lse must be the forward's. Throws flashattn::Error. Streams,
+/// synchronization and CUDA graphs as for forward() (its workspace is stream-ordered memory).
 void backward(const AttentionParams& params);
 
 /// True when this build has the CUDA backend and a CUDA device is present.

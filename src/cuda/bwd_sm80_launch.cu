@@ -367,7 +367,10 @@ void run_bwd_sm80(const detail::Params& p, cudaStream_t stream, bool use_sm90) {
   const size_t bytes =
       static_cast<size_t>(2 * stat_count + accum_count + split_ws_count + bp.split_sync_ints) * sizeof(float);
   StreamBuffer ws;
-  if (bytes > 0) FA_CUDA_CHECK(ws.allocate(bytes, stream));
+  if (bytes > 0)
+    if (const cudaError_t err = ws.allocate(bytes, stream); err != cudaSuccess)
+      throw_cuda_error(err, ("cudaMallocAsync of the backward's " + std::to_string(bytes) + "-byte workspace").c_str(),
+                       __FILE__, __LINE__);
   float* base = static_cast<float*>(ws.ptr);
   bp.dsum = base;
   bp.lse_log2 = base + stat_count;

@@ -126,13 +126,17 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 
 // This thread's stream-capture mode relaxed for the scope's lifetime (push / pop with
 // cudaThreadExchangeStreamCaptureMode), around the calls CUDA counts as unsafe while any capture
-// runs (cudaMalloc, a copy to pageable host memory and its synchronize) that the library makes
-// for a stream the caller has just checked is not being captured. Under the default global mode
-// (PyTorch's torch.cuda.graph) such a call fails while another stream is being captured, in this
-// thread or another, and invalidates that capture; it touches nothing the capture records.
+// runs in global mode (PyTorch's torch.cuda.graph): cudaMalloc, a copy to pageable host memory and
+// its synchronize, and stream-ordered allocations on a stream other than the captured one. Such a
+// call fails there, in this thread or another, and invalidates that capture. The library makes
+// them only for a stream that is not being captured, except StreamBuffer's, which are recorded
+// as graph memory nodes on a captured stream in every mode: relaxing hides no capture error.
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() { ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  RelaxedCaptureMode() {
+    ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
+    if (!ok_) (void)cudaGetLastError();  // (the wrapped call then runs in the thread's own mode)
+  }
   ~RelaxedCaptureMode() {
     if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
   }
@@ -151,6 +155,9 @@ class RelaxedCaptureMode {
 struct StreamBuffer {
   void* ptr = nullptr;
   cudaStream_t stream = nullptr;
+  StreamBuffer() = default;
+  StreamBuffer(const StreamBuffer&) = delete;  // one owner frees it
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
   // CUDA's error, ptr left null and the thread's last error cleared, on failure.
   cudaError_t allocate(size_t bytes, cudaStream_t on) {
     const RelaxedCaptureMode relaxed;
@@ -165,7 +172,7 @@ struct StreamBuffer {
   ~StreamBuffer() {
     if (ptr == nullptr) return;
     const RelaxedCaptureMode relaxed;
-    cudaFreeAsync(ptr, stream);
+    if (cudaFreeAsync(ptr, stream) != cudaSuccess) (void)cudaGetLastError();  // not the next launch's error
   }
 };
 

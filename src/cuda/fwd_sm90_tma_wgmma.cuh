@@ -780,7 +780,7 @@ struct FwdTileCounter {
   int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
   cudaStream_t free_on = nullptr;
   ~FwdTileCounter() {
-    if (launch_alloc != nullptr) cudaFreeAsync(launch_alloc, free_on);
+    if (launch_alloc != nullptr && cudaFreeAsync(launch_alloc, free_on) != cudaSuccess) (void)cudaGetLastError();
   }
 };
 
@@ -819,8 +819,8 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
       return;
     }
     if (cudaMemsetAsync(fresh, 0, kBytes, stream) != cudaSuccess) {
-      (void)cudaGetLastError();
       cudaFree(fresh);
+      (void)cudaGetLastError();
       return;
     }
     ptr = fresh;

@@ -283,15 +283,20 @@ class GraphCapture {
     ASSERT_NE(stream_, nullptr);
     FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(stream_, mode_));
     // A throwing fn must still end the capture: an open global-mode one would fail the tests after.
+    bool threw = false;
     std::string failure;
     try {
       fn(stream_);
     } catch (const std::exception& e) {
+      threw = true;
       failure = e.what();
+    } catch (...) {
+      threw = true;
+      failure = "(not a std::exception)";
     }
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph_);
-    if (!failure.empty() || end != cudaSuccess) (void)cudaGetLastError();  // (not the next test's)
-    ASSERT_EQ(failure, "") << "the captured call threw";
+    if (threw || end != cudaSuccess) (void)cudaGetLastError();  // (not the next test's)
+    ASSERT_FALSE(threw) << "the captured call threw: " << failure;
     ASSERT_EQ(end, cudaSuccess) << "cudaStreamEndCapture: " << cudaGetErrorString(end);
     FLASHATTN_ASSERT_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
   }
@@ -396,5 +401,15 @@ struct GpuProblem {
     return d;
   }
 };
+
+// out of g (after a forward) written everywhere and within the project's criterion of the float64
+// reference.
+inline void expect_out_matches(GpuProblem& g) {
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  const DenseResults& ref = g.problem->reference(reference::Precision::f64, false);
+  const DenseResults& naive = g.problem->reference(reference::Precision::input, false);
+  EXPECT_TRUE(check_close("out", out, ref.out, naive.out, g.problem->config().dtype));
+}
 
 }  // namespace flashattn::testing
