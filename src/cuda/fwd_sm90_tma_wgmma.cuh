@@ -776,12 +776,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // the pair: by then the old stream's kernels have finished, unless it was destroyed with work
 // pending.
 struct FwdTileCounter {
-  int* ptr = nullptr;              // what the kernel gets
-  int* launch_alloc = nullptr;     // allocated for this launch only (capture): freed on free_on
-  cudaStream_t free_on = nullptr;
-  ~FwdTileCounter() {
-    if (launch_alloc != nullptr && cudaFreeAsync(launch_alloc, free_on) != cudaSuccess) (void)cudaGetLastError();
-  }
+  int* ptr = nullptr;         // what the kernel gets
+  StreamBuffer launch_alloc;  // allocated for this launch only (capture), freed on its stream
 };
 
 inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
@@ -795,13 +791,8 @@ inline void fwd_tile_counter(cudaStream_t stream, FwdTileCounter& counter) {
   }
   constexpr size_t kBytes = 2 * sizeof(int);
   if (capture != cudaStreamCaptureStatusNone) {
-    int* ptr = nullptr;
-    if (cudaMallocAsync(&ptr, kBytes, stream) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    counter.launch_alloc = ptr;
-    counter.free_on = stream;
+    if (counter.launch_alloc.allocate(kBytes, stream) != cudaSuccess) return;
+    int* const ptr = static_cast<int*>(counter.launch_alloc.ptr);
     if (cudaMemsetAsync(ptr, 0, kBytes, stream) != cudaSuccess) {
       (void)cudaGetLastError();
       return;

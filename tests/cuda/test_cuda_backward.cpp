@@ -410,18 +410,16 @@ TEST(CudaBackwardMisc, UnderGlobalModeCapture) {
 // gpu_check.sh also runs this test alone, in a process whose streams are all fresh.
 TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
   FLASHATTN_REQUIRE_GPU();
-  struct Streams {
-    cudaStream_t cap = nullptr, eager = nullptr;
+  struct Eager {
+    cudaStream_t stream = nullptr;
     void* scratch = nullptr;  // what the capture records
-    ~Streams() {
+    ~Eager() {
       cudaFree(scratch);
-      if (cap != nullptr) cudaStreamDestroy(cap);
-      if (eager != nullptr) cudaStreamDestroy(eager);
+      if (stream != nullptr) cudaStreamDestroy(stream);
     }
-  } s;
-  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&s.cap, cudaStreamNonBlocking));
-  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&s.eager, cudaStreamNonBlocking));
-  FLASHATTN_ASSERT_CUDA(cudaMalloc(&s.scratch, 64));
+  } e;
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+  FLASHATTN_ASSERT_CUDA(cudaMalloc(&e.scratch, 64));
   ProblemConfig c = base(DType::bf16, 2, 300, 300, 4, 2, 128);
   c.causal = true;
   ProblemConfig cv = multi_tile_varlen(DType::bf16, 4, 2);
@@ -432,40 +430,28 @@ TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
   GpuProblem g(pr, GpuLayout::contiguous), gv(prv, GpuLayout::contiguous);
   std::string why;
   if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
-  FLASHATTN_ASSERT_CUDA(cudaStreamBeginCapture(s.cap, cudaStreamCaptureModeGlobal));
-  bool threw = false;
-  std::string failure;
-  // Throws, naming the call, once the capture is no longer active (a refused call ends it).
-  auto still_capturing = [&](const char* after) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaError_t e = cudaStreamIsCapturing(s.cap, &status);
-    if (e != cudaSuccess || status != cudaStreamCaptureStatusActive)
-      throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" + cudaGetErrorName(e) +
-                               ")");
-  };
-  try {
-    if (const cudaError_t e = cudaMemsetAsync(s.scratch, 0, 64, s.cap); e != cudaSuccess)
-      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(e));
+  GraphCapture graph(cudaStreamCaptureModeGlobal);
+  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
+    // Throws, naming the call, once the capture is no longer active (a refused call ends it).
+    auto still_capturing = [&](const char* after) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+      if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+        throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" +
+                                 cudaGetErrorName(err) + ")");
+    };
+    if (const cudaError_t err = cudaMemsetAsync(e.scratch, 0, 64, cap); err != cudaSuccess)
+      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
     AttentionParams a = g.params(), av = gv.params();
-    a.stream = av.stream = s.eager;
+    a.stream = av.stream = e.stream;
     forward(a);
     still_capturing("the causal forward");
     forward(av);
     still_capturing("the varlen forward");
     backward(a);
     still_capturing("the backward");
-  } catch (const std::exception& e) {
-    threw = true;
-    failure = e.what();
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s.cap, &graph);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  // (A failure here must not leave its error to the next test's first launch check.)
-  if (threw || end != cudaSuccess) (void)cudaGetLastError();
-  ASSERT_FALSE(threw) << "a call beside the capture: " << failure;
-  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorName(end) << ": the calls beside the capture invalidated it";
-  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(s.eager));
+  }));
+  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(e.stream));
   expect_out_matches(g);
   expect_out_matches(gv);
   expect_gradients_match(g);
