@@ -219,6 +219,7 @@ if [[ $what == *tests* ]]; then
   # Each capture test alone, in a process whose first calls (kernel attributes, module loading, a
   # stream's tile counter) happen beside or under the global-mode capture.
   suite_with 'CudaBackwardMisc.CallsBesideAGlobalCapture'
+  suite_with 'CudaBackwardMisc.CallsBesideAnotherThreadsGlobalCapture'
   suite_with 'CudaBackwardMisc.UnderGlobalModeCapture'
 fi
 
@@ -228,7 +229,7 @@ if [[ $what == *sanitize* ]]; then
   # head_dim inside a bucket, softcap + ALiBi, the FP8 forward (a masked GQA case), and the
   # backward (the head_dim 256 kernel through the varlen and softcap + ALiBi cases, in its 256,
   # 192 / 192 and MLA 192 / 128 configs).
-  filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaForward.*/bf16_b2_sq300_sk520_h4k2_d192_dv128_causalBR:*CudaForward.*/bf16_varlen_517*_d192_dv128:*CudaForward.*/bf16_varlen_517*_d192_dv128_causalBR:*CudaForward.*/bf16_varlen_517*_d192_causalBR:*CudaForward.*/bf16_b1_sq1100_sk700_h2k2_d192:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d192*:*CudaBackward.*/bf16_varlen_17x33*_d192*:CudaBackwardMisc.KernelChoice:CudaBackwardMisc.*Capture*'
+  filter='*CudaForwardFp8.*/e4m3_b1_sq113_sk203_h4k2_d128_causalBR_descaleHead:*CudaForward.*/bf16_b1_sq113_sk203_h2k2_d128:*CudaForward.*/bf16_b1_sq203_sk113_h2k2_d40:*CudaForward.*/bf16_b1_sq600_sk600_h2k2_d64_win100_20BR:*CudaForward.*/bf16_varlen_17x33_0x7_130x130_1x0_64x200_h2k1_d128_causalBR:*CudaForward.*/bf16*softcap20_alibiBH:*CudaForward.*/bf16_b2_sq300_sk520_h4k2_d192_dv128_causalBR:*CudaForward.*/bf16_varlen_517*_d192_dv128:*CudaForward.*/bf16_varlen_517*_d192_dv128_causalBR:*CudaForward.*/bf16_varlen_517*_d192_causalBR:*CudaForward.*/bf16_b1_sq1100_sk700_h2k2_d192:*CudaBackward.*/bf16_b1_sq113_sk203_h2k1_d128:*CudaBackward.*/det_bf16_varlen*:*CudaBackward.*/bf16_varlen_517*:*CudaBackward.*/fp16_b1_sq333*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d256*:*CudaBackward.*/bf16_b1_sq200_sk333_h2k2_d192*:*CudaBackward.*/bf16_varlen_17x33*_d192*:CudaBackwardMisc.KernelChoice:CudaBackwardMisc.*Capture*:CudaForwardMisc.Fp8*Capture*'
   # One compute-sanitizer tool over the tests of a filter, under the `env` assignments that follow;
   # the log is appended to sanitize.log and a line to the summary.
   sanitize_with() {

@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-
+#include <future>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_support.hpp"
@@ -399,62 +400,155 @@ TEST(CudaBackwardMisc, UnderGlobalModeCapture) {
   expect_gradients_match(g);
 }
 
-// Calls on a stream that is not being captured while another stream of the same thread is, in
-// global mode: the first masked sm90 forward on a stream takes its tile counter with cudaMalloc,
-// a varlen call reads its device cu_seqlens back with a synchronizing copy, and the backward takes
-// its workspace with cudaMallocAsync. CUDA refuses such calls beside a global capture, and the
-// refusal invalidates that capture (H200, CUDA 13.0, driver 580: a bare cudaMalloc there returns
-// cudaErrorStreamCaptureUnsupported and the capture's end cudaErrorStreamCaptureInvalidated; the
-// backward's cudaMallocAsync failed this test the same way), so the library relaxes its thread's
-// capture mode around them. The forward's counter is allocated only on a stream's first call:
-// gpu_check.sh also runs this test alone, in a process whose streams are all fresh.
-TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
-  FLASHATTN_REQUIRE_GPU();
-  struct Eager {
-    cudaStream_t stream = nullptr;
-    void* scratch = nullptr;  // what the capture records
-    ~Eager() {
-      cudaFree(scratch);
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }
-  } e;
-  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
-  FLASHATTN_ASSERT_CUDA(cudaMalloc(&e.scratch, 64));
-  ProblemConfig c = base(DType::bf16, 2, 300, 300, 4, 2, 128);
-  c.causal = true;
-  ProblemConfig cv = multi_tile_varlen(DType::bf16, 4, 2);
-  cv.causal = true;
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed_note(seed));
-  Problem pr(c, seed), prv(cv, seed + 1);
-  GpuProblem g(pr, GpuLayout::contiguous), gv(prv, GpuLayout::contiguous);
-  std::string why;
-  if (!backward_shipped(g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
-  GraphCapture graph(cudaStreamCaptureModeGlobal);
-  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
-    // Throws, naming the call, once the capture is no longer active (a refused call ends it).
-    auto still_capturing = [&](const char* after) {
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      const cudaError_t err = cudaStreamIsCapturing(cap, &status);
-      if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
-        throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" +
-                                 cudaGetErrorName(err) + ")");
-    };
-    if (const cudaError_t err = cudaMemsetAsync(e.scratch, 0, 64, cap); err != cudaSuccess)
+// Calls on a stream that is not being captured while another stream is, in global mode (here, by
+// this thread, and below by another thread): the first masked sm90 forward on a stream takes its
+// tile counter with cudaMalloc, a varlen call reads its device cu_seqlens back with a
+// synchronizing copy, and the backward takes its workspace with cudaMallocAsync. CUDA refuses such
+// calls beside a global capture, and the refusal invalidates that capture (H200, CUDA 13.0, driver
+// 580: a bare cudaMalloc there returns cudaErrorStreamCaptureUnsupported and the capture's end
+// cudaErrorStreamCaptureInvalidated; the backward's cudaMallocAsync failed this test the same
+// way), so the library relaxes its thread's capture mode around them. The forward's counter is
+// allocated only on a stream's first call: gpu_check.sh also runs these tests alone, each in a
+// process whose streams are all fresh.
+struct BesideACapture {
+  cudaStream_t stream = nullptr;  // the eager calls'
+  void* scratch = nullptr;        // what the capture records
+  ProblemConfig c, cv;
+  uint64_t seed = fresh_seed();
+  Problem pr, prv;
+  GpuProblem g, gv;
+
+  static ProblemConfig causal(ProblemConfig cfg) {
+    cfg.causal = true;
+    return cfg;
+  }
+  BesideACapture()
+      : c(causal(base(DType::bf16, 2, 300, 300, 4, 2, 128))),
+        cv(causal(multi_tile_varlen(DType::bf16, 4, 2))),
+        pr(c, seed),
+        prv(cv, seed + 1),
+        g(pr, GpuLayout::contiguous),
+        gv(prv, GpuLayout::contiguous) {}
+  ~BesideACapture() {
+    cudaFree(scratch);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  void set_up() {
+    FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    FLASHATTN_ASSERT_CUDA(cudaMalloc(&scratch, 64));
+  }
+  // The captured stream's one operation.
+  void record(cudaStream_t cap) const {
+    if (const cudaError_t err = cudaMemsetAsync(scratch, 0, 64, cap); err != cudaSuccess)
       throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
+  }
+  // The eager calls; after each, still_capturing(name) (which throws once the capture is over).
+  template <typename F>
+  void eager_calls(F&& still_capturing) {
     AttentionParams a = g.params(), av = gv.params();
-    a.stream = av.stream = e.stream;
+    a.stream = av.stream = stream;
     forward(a);
     still_capturing("the causal forward");
     forward(av);
     still_capturing("the varlen forward");
     backward(a);
     still_capturing("the backward");
+    backward(av);
+    still_capturing("the varlen backward");
+  }
+  void expect_results() {
+    FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    expect_out_matches(g);
+    expect_out_matches(gv);
+    expect_gradients_match(g);
+    expect_gradients_match(gv);
+  }
+};
+
+TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  BesideACapture e;
+  SCOPED_TRACE(seed_note(e.seed));
+  std::string why;
+  if (!backward_shipped(e.g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  ASSERT_NO_FATAL_FAILURE(e.set_up());
+  GraphCapture graph(cudaStreamCaptureModeGlobal);
+  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
+    e.record(cap);
+    e.eager_calls([&](const char* after) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+      if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+        throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" +
+                                 cudaGetErrorName(err) + ")");
+    });
   }));
-  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(e.stream));
-  expect_out_matches(g);
-  expect_out_matches(gv);
-  expect_gradients_match(g);
+  ASSERT_NO_FATAL_FAILURE(e.expect_results());
+}
+
+// The same calls while another thread holds a global-mode capture open (a training loop's graph
+// captured on one thread, eager calls on another): CUDA's global mode prohibits the unsafe calls
+// on every thread, not only the capturing one, and the relaxed mode the library sets is its own
+// thread's.
+TEST(CudaBackwardMisc, CallsBesideAnotherThreadsGlobalCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  BesideACapture e;
+  SCOPED_TRACE(seed_note(e.seed));
+  std::string why;
+  if (!backward_shipped(e.g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
+  ASSERT_NO_FATAL_FAILURE(e.set_up());
+  cudaStream_t cap = nullptr;
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+  std::promise<std::string> begun;    // the capturing thread: "" once its capture is open
+  std::promise<void> calls_done;      // this thread: its eager calls are over (or threw)
+  std::string ended;                  // the capturing thread: "" when its capture ended clean
+  std::thread capturer([&] {
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaSetDevice(device);
+    cudaError_t err = cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal);
+    if (err != cudaSuccess) {
+      begun.set_value(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(err));
+      return;
+    }
+    std::string failure;
+    try {
+      e.record(cap);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+    begun.set_value(failure);
+    calls_done.get_future().wait();
+    cudaGraph_t graph = nullptr;
+    err = cudaStreamEndCapture(cap, &graph);
+    if (err != cudaSuccess) {
+      ended = std::string("cudaStreamEndCapture: ") + cudaGetErrorName(err);
+      (void)cudaGetLastError();
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  });
+  const std::string begin_failure = begun.get_future().get();
+  std::string call_failure;
+  if (begin_failure.empty()) {
+    try {
+      e.eager_calls([&](const char* after) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+        if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+          throw std::runtime_error(std::string("the other thread's capture was invalidated by ") + after + " (" +
+                                   cudaGetErrorName(err) + ")");
+      });
+    } catch (const std::exception& ex) {
+      call_failure = ex.what();
+    }
+  }
+  calls_done.set_value();
+  capturer.join();
+  cudaStreamDestroy(cap);
+  ASSERT_EQ(begin_failure, "");
+  ASSERT_EQ(call_failure, "");
+  ASSERT_EQ(ended, "");
+  ASSERT_NO_FATAL_FAILURE(e.expect_results());
 }
 
 // deterministic = true: 100 runs give bitwise the same dq, dk, dv (GQA, so dk/dv sum over heads).

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -369,6 +370,35 @@ constexpr double kFp8LseFloorRel = 1e-4;
 
 class CudaForwardFp8 : public ::testing::TestWithParam<GpuCase> {};
 
+// out (and lse where asked for) of an FP8 forward already run on `g`, against the float64
+// reference with the FP8 criterion above; every element written, padding intact, lse untouched
+// where not asked for.
+void expect_fp8_matches(GpuProblem& g) {
+  Problem& pr = *g.problem;
+  const std::vector<double> out = g.out.to_dense();
+  EXPECT_TRUE(g.out.all_written("out"));
+  EXPECT_TRUE(g.out.padding_intact("out"));
+
+  const DenseResults& ref = pr.reference(Precision::f64, false);  // decoded inputs times descales
+  const detail::Params hp = detail::validate(pr.params(), Pass::forward);
+  std::vector<double> emu_out(ref.out.size()), emu_lse(ref.lse.size());
+  const double acc_bound = fp8_emulated_forward(hp, emu_out.data(), emu_lse.data());
+  EXPECT_TRUE(check_close_with_floor("out", out, ref.out, emu_out, "FlashAttention-3 fp8 emulation",
+                                     [](double) { return kFp8OutFloor; }, "1e-3"));
+  if (pr.config().with_lse) {
+    const std::vector<double> lse = g.lse_dense();
+    EXPECT_TRUE(g.lse.all_written("lse"));
+    EXPECT_TRUE(g.lse.padding_intact("lse"));
+    EXPECT_TRUE(check_close_with_floor(
+        "lse", lse, ref.lse, emu_lse, "float32 lse of the fp8 emulation",
+        [&](double max_ref) { return kFp8LseFloorRel * max_ref + acc_bound; },
+        "1e-4*max|ref| + the FP8 accumulator bound " + std::to_string(acc_bound)));
+  } else {
+    g.lse.download();
+    EXPECT_TRUE(g.lse.untouched("lse (not given)"));
+  }
+}
+
 TEST_P(CudaForwardFp8, MatchesReference) {
   FLASHATTN_REQUIRE_SM90();
   const GpuCase& gc = GetParam();
@@ -381,28 +411,64 @@ TEST_P(CudaForwardFp8, MatchesReference) {
   ASSERT_TRUE(pl.ok) << pl.reason;
   std::printf("[   INFO   ] e4m3 forward kernel: %s\n", pl.kernel.c_str());
   forward(g.params());
-  const std::vector<double> out = g.out.to_dense();
-  EXPECT_TRUE(g.out.all_written("out"));
-  EXPECT_TRUE(g.out.padding_intact("out"));
+  expect_fp8_matches(g);
+}
 
-  const DenseResults& ref = pr.reference(Precision::f64, false);  // decoded inputs times descales
-  const detail::Params hp = detail::validate(pr.params(), Pass::forward);
-  std::vector<double> emu_out(ref.out.size()), emu_lse(ref.lse.size());
-  const double acc_bound = fp8_emulated_forward(hp, emu_out.data(), emu_lse.data());
-  EXPECT_TRUE(check_close_with_floor("out", out, ref.out, emu_out, "FlashAttention-3 fp8 emulation",
-                                     [](double) { return kFp8OutFloor; }, "1e-3"));
-  if (gc.cfg.with_lse) {
-    const std::vector<double> lse = g.lse_dense();
-    EXPECT_TRUE(g.lse.all_written("lse"));
-    EXPECT_TRUE(g.lse.padding_intact("lse"));
-    EXPECT_TRUE(check_close_with_floor(
-        "lse", lse, ref.lse, emu_lse, "float32 lse of the fp8 emulation",
-        [&](double max_ref) { return kFp8LseFloorRel * max_ref + acc_bound; },
-        "1e-4*max|ref| + the FP8 accumulator bound " + std::to_string(acc_bound)));
-  } else {
-    g.lse.download();
-    EXPECT_TRUE(g.lse.untouched("lse (not given)"));
+// The FP8 forward transposes v into a stream-ordered workspace (cudaMallocAsync) on every call:
+// captured in global mode (torch.cuda.graph's) and replayed twice, and called on an eager stream
+// while another stream's global-mode capture is open, which a refused allocation would invalidate
+// (the library relaxes its thread's capture mode around it: CallsBesideAGlobalCapture's note).
+TEST(CudaForwardMisc, Fp8UnderAndBesideAGlobalCapture) {
+  FLASHATTN_REQUIRE_SM90();
+  ProblemConfig c = base(DType::e4m3, 2, 203, 520, 4, 2, 128);
+  c.descale = Descale::per_head;
+  c.causal = true;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  Problem pr(c, seed), pr_eager(c, seed + 1);
+  GpuProblem g(pr, GpuLayout::contiguous), g_eager(pr_eager, GpuLayout::contiguous);
+  {
+    SCOPED_TRACE("captured, replayed");
+    GraphCapture graph(cudaStreamCaptureModeGlobal);
+    ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t stream) {
+      AttentionParams a = g.params();
+      a.stream = stream;
+      forward(a);
+    }));
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      g.out.poison();
+      g.lse.poison();
+      ASSERT_NO_FATAL_FAILURE(graph.replay());
+      expect_fp8_matches(g);
+    }
   }
+  SCOPED_TRACE("eager, beside a capture");
+  struct Eager {
+    cudaStream_t stream = nullptr;
+    void* scratch = nullptr;
+    ~Eager() {
+      cudaFree(scratch);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  } e;
+  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+  FLASHATTN_ASSERT_CUDA(cudaMalloc(&e.scratch, 64));
+  GraphCapture graph(cudaStreamCaptureModeGlobal);
+  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
+    if (const cudaError_t err = cudaMemsetAsync(e.scratch, 0, 64, cap); err != cudaSuccess)
+      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
+    AttentionParams a = g_eager.params();
+    a.stream = e.stream;
+    forward(a);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+    if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+      throw std::runtime_error(std::string("the capture was invalidated by the FP8 forward (") + cudaGetErrorName(err) +
+                               ")");
+  }));
+  FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(e.stream));
+  expect_fp8_matches(g_eager);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaForwardFp8, ::testing::ValuesIn(fp8_cases()),
