@@ -16,7 +16,7 @@ written out: the operand lists are long and must match the register arrays exact
 Run: python3 scripts/gen_wgmma_ops.py > src/cuda/sm90_wgmma_ops.inc
 """
 
-NS = (64, 80, 112, 128, 192, 256)
+NS = (64, 80, 96, 112, 128, 192, 256)
 TYPES = (("F16", "f16"), ("BF16", "bf16"))
 # 8-bit types (FP8 forward): k32 per instruction, both operands K-major only (the PTX has no
 # transpose immediates for them), so only the ss and rk forms exist.

@@ -206,6 +206,9 @@ if [[ $what == *tests* ]]; then
   fwd_256_cases='*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*'
   suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=0
+  # head_dim 192's block_n 96 config (unmasked calls whose key count favours it, 1024 keys) at
+  # every 192 shape, masked ones included.
+  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*' FLASHATTN_CUDA_FWD_D192_BN=96 FLASHATTN_CUDA_FWD_BN64=0
   # The same for the backward's narrower configs (tile_256.hpp).
   suite_with '*CudaBackward.*d192*:*CudaBackward.*d160*:*CudaBackward.*dv160*:*CudaBackward.*d136*' FLASHATTN_CUDA_BWD_D192=0
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
@@ -266,6 +269,8 @@ if [[ $what == *sanitize* ]]; then
   wide_cases=(bf16_b2_sq113_sk203_h2k2_d256_causalBR 'bf16_varlen_517*_d192_causalBR' bf16_b2_sq1_sk300_h2k2_d256_causalTL)
   filter_wide=$(printf '*CudaForward.*/%s:' "${wide_cases[@]}")
   sanitize_three "256 bucket block_n 80 / 112" "${filter_wide%:}" FLASHATTN_CUDA_FWD_BN64=0
+  sanitize_three "head_dim 192 block_n 96" "*CudaForward.*/bf16_varlen_517*_d192_causalBR:*CudaForward.*/bf16_b1_sq1100_sk700_h2k2_d192" \
+    FLASHATTN_CUDA_FWD_D192_BN=96 FLASHATTN_CUDA_FWD_BN64=0
   # And on backward cases with the Hopper kernel's split tail forced on every block (the parts'
   # tickets, flags, L2 sums; causal, varlen and softcap + ALiBi among them).
   split_cases=(bf16_b1_sq113_sk203_h2k1_d128 'bf16_varlen_517*' 'fp16_b1_sq333*' 'bf16_b1_sq50_sk300_h2k1_d128*')

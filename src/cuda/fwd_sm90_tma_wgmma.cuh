@@ -908,6 +908,12 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
            (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
             fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
   };
+  // Whether the 192 config steps 96 keys instead of 112 (fwd_d192_block_n()):
+  // FLASHATTN_CUDA_FWD_D192_BN=96 / 112 (testing, read per call) forces either.
+  [[maybe_unused]] auto d192_bn96 = [&] {
+    return env_is("FLASHATTN_CUDA_FWD_D192_BN", "96") ||
+           (!env_is("FLASHATTN_CUDA_FWD_D192_BN", "112") && fwd_d192_block_n(p.seqlen_k) == 96);
+  };
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as
     // FLASHATTN_CUDA_FWD is): the 256 config for every call of the bucket.
@@ -919,6 +925,9 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
         if (masked_short())
           launch_fwd_sm90_config<Elem, typename Traits::D192MaskedShortConfig>(p, batch, max_seqlen_q, rows_q, rows_k,
                                                                                stream);
+        else if (d192_bn96())
+          launch_fwd_sm90_config<Elem, typename Traits::D192Bn96Config>(p, batch, max_seqlen_q, rows_q, rows_k,
+                                                                        stream);
         else
           launch_fwd_sm90_config<Elem, typename Traits::D192Config>(p, batch, max_seqlen_q, rows_q, rows_k, stream);
         return;

@@ -299,10 +299,15 @@ struct FwdSm90Fp8Traits {
 // (fwd_256_masked_short()) keeps the block_n 64 configs:
 //   MaskedShortConfig (256 / 256): block_n 64, 192 KB; D192MaskedShortConfig (192 / 192):
 //     block_n 64, 144 KB + a 48 KB O buffer (persistent).
+// And at head_dim 192 without such a mask, block_n 96 where the keys split into fewer wasted
+// columns than at 112 (fwd_d192_block_n()): 1024 keys are 10 steps of 112 whose last holds 16
+// keys (8.6 % of the products on nothing), or 11 of 96 (3 %):
+//   D192Bn96Config (192 / 192): block_n 96, 2 stages, 192 KB, no O buffer; S 48 + P 24 + O 96.
 template <>
 struct FwdSm90Traits<256> {
   using Config = FwdSm90Config<256, 80, 2>;
   using D192Config = FwdSm90Config<192, 112, 2, 128, 2, 0, 192>;
+  using D192Bn96Config = FwdSm90Config<192, 96, 2, 128, 2, 0, 192>;
   using MlaConfig = FwdSm90Config<192, 128, 2, 128, 2, 0, 128, true>;
   using MaskedShortConfig = FwdSm90Config<256, 64, 2>;
   using D192MaskedShortConfig = FwdSm90Config<192, 64, 2, 128, 2, 0, 192>;
@@ -316,9 +321,25 @@ inline bool fwd_256_masked_short(bool masked, int max_seqlen_k) {
   return masked && max_seqlen_k <= FwdSm90Traits<256>::kMaskedShortMaxSeqlenK;
 }
 
+// block_n of an unmasked head_dim 192 forward over max_seqlen_k keys (a varlen batch's longest):
+// 96 or 112, whichever has the smaller cost ceil(keys / block_n) · (block_n + kD192StepOverheadKeys),
+// a key step costing its keys' products and softmax plus a fixed share (turn handoffs, barrier
+// waits, the descriptors) counted as kD192StepOverheadKeys keys. So 96 where a last step of 112
+// would hold few keys: at 1024 (10 steps of 112, the last with 16 keys, against 11 of 96), not at
+// 512, 2048 or 4096. Host code, tested without a GPU (tests/cuda/test_cuda_tiles.cpp).
+inline constexpr int kD192StepOverheadKeys = 24;
+inline int fwd_d192_block_n(int max_seqlen_k) {
+  const auto cost = [&](int64_t block_n) {
+    return (int64_t(max_seqlen_k) + block_n - 1) / block_n * (block_n + kD192StepOverheadKeys);
+  };
+  return cost(96) < cost(112) ? 96 : 112;
+}
+
 // The 256 bucket's configs hold the head dims that tile_256() (tile_256.hpp) picks them for.
 static_assert(FwdSm90Traits<256>::D192Config::kHeadDim == kTile192HeadDim &&
               FwdSm90Traits<256>::D192Config::kHeadDimV == kTile192HeadDim &&
+              FwdSm90Traits<256>::D192Bn96Config::kHeadDim == kTile192HeadDim &&
+              FwdSm90Traits<256>::D192Bn96Config::kHeadDimV == kTile192HeadDim &&
               FwdSm90Traits<256>::D192MaskedShortConfig::kHeadDim == kTile192HeadDim &&
               FwdSm90Traits<256>::D192MaskedShortConfig::kHeadDimV == kTile192HeadDim &&
               FwdSm90Traits<256>::MaskedShortConfig::kHeadDim == FwdSm90Traits<256>::Config::kHeadDim &&

@@ -208,6 +208,22 @@ TEST(CudaFwdTiles, The256BucketKeepsBlockN64ForShortMaskedCalls) {
   EXPECT_FALSE(fwd_256_masked_short(false, 1 << 30));
 }
 
+// The unmasked head_dim 192 forward steps 96 keys where 112 would leave a mostly empty last step.
+TEST(CudaFwdTiles, D192StepsOf96WhereTheLastStepOf112WouldBeMostlyEmpty) {
+  using T = FwdSm90Traits<256>;
+  static_assert(T::D192Bn96Config::kBlockN == 96 && T::D192Bn96Config::kHeadDim == T::D192Config::kHeadDim &&
+                T::D192Bn96Config::kHeadDimV == T::D192Config::kHeadDimV);
+  EXPECT_EQ(fwd_d192_block_n(1024), 96);  // 11 x 96 (1056) against 10 x 112 (1120)
+  EXPECT_EQ(fwd_d192_block_n(1000), 112);   // 9 x 112 (1008)
+  EXPECT_EQ(fwd_d192_block_n(512), 112);    // 5 x 112 (560) against 6 x 96 (576)
+  EXPECT_EQ(fwd_d192_block_n(2048), 112);   // 19 x 112 (2128) against 22 x 96 (2112): fewer steps
+  EXPECT_EQ(fwd_d192_block_n(4096), 112);
+  EXPECT_EQ(fwd_d192_block_n(96), 96);      // one whole step of 96 against one of 112
+  EXPECT_EQ(fwd_d192_block_n(112), 112);
+  EXPECT_EQ(fwd_d192_block_n(1), 96);
+  EXPECT_EQ(fwd_d192_block_n(1 << 30), 112);  // no int overflow
+}
+
 // Both tiled dq accumulator layouts place every (row, column) of a (batch, head) once inside its
 // rows x columns, each tile that one bulk reduce-add writes (a 64 x 64 tile, or an 80 x 16 block)
 // on one contiguous range, and, in the 80-row layout, rows 2i and 2i + 1 of a column side by side
