@@ -465,43 +465,37 @@ struct BesideACapture {
   }
 };
 
-TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
-  FLASHATTN_REQUIRE_GPU();
-  BesideACapture e;
-  SCOPED_TRACE(seed_note(e.seed));
-  std::string why;
-  if (!backward_shipped(e.g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
-  ASSERT_NO_FATAL_FAILURE(e.set_up());
-  GraphCapture graph(cudaStreamCaptureModeGlobal);
-  ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
-    e.record(cap);
-    e.eager_calls([&](const char* after) {
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      const cudaError_t err = cudaStreamIsCapturing(cap, &status);
-      if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
-        throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" +
-                                 cudaGetErrorName(err) + ")");
-    });
-  }));
-  ASSERT_NO_FATAL_FAILURE(e.expect_results());
+// Throws, naming the call, once `cap`'s capture is no longer active (a refused call ends it).
+void expect_still_capturing(cudaStream_t cap, const char* after) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+  if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+    throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" + cudaGetErrorName(err) +
+                             ")");
 }
 
-// The same calls while another thread holds a global-mode capture open (a training loop's graph
-// captured on one thread, eager calls on another): CUDA's global mode prohibits the unsafe calls
-// on every thread, not only the capturing one, and the relaxed mode the library sets is its own
-// thread's.
-TEST(CudaBackwardMisc, CallsBesideAnotherThreadsGlobalCapture) {
-  FLASHATTN_REQUIRE_GPU();
+// The eager calls beside a global-mode capture that this thread holds open, or (other_thread)
+// another thread.
+void calls_beside_a_global_capture(bool other_thread) {
   BesideACapture e;
   SCOPED_TRACE(seed_note(e.seed));
   std::string why;
   if (!backward_shipped(e.g.params(), &why)) GTEST_SKIP() << "CUDA backward not available: " << why;
   ASSERT_NO_FATAL_FAILURE(e.set_up());
+  if (!other_thread) {
+    GraphCapture graph(cudaStreamCaptureModeGlobal);
+    ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
+      e.record(cap);
+      e.eager_calls([&](const char* after) { expect_still_capturing(cap, after); });
+    }));
+    ASSERT_NO_FATAL_FAILURE(e.expect_results());
+    return;
+  }
   cudaStream_t cap = nullptr;
   FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-  std::promise<std::string> begun;    // the capturing thread: "" once its capture is open
-  std::promise<void> calls_done;      // this thread: its eager calls are over (or threw)
-  std::string ended;                  // the capturing thread: "" when its capture ended clean
+  std::promise<std::string> begun;  // the capturing thread: "" once its capture is open
+  std::promise<void> calls_done;    // this thread: its eager calls are over (or threw)
+  std::string ended;                // the capturing thread: "" when its capture ended clean
   std::thread capturer([&] {
     int device = 0;
     cudaGetDevice(&device);
@@ -531,13 +525,7 @@ TEST(CudaBackwardMisc, CallsBesideAnotherThreadsGlobalCapture) {
   std::string call_failure;
   if (begin_failure.empty()) {
     try {
-      e.eager_calls([&](const char* after) {
-        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        const cudaError_t err = cudaStreamIsCapturing(cap, &status);
-        if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
-          throw std::runtime_error(std::string("the other thread's capture was invalidated by ") + after + " (" +
-                                   cudaGetErrorName(err) + ")");
-      });
+      e.eager_calls([&](const char* after) { expect_still_capturing(cap, after); });
     } catch (const std::exception& ex) {
       call_failure = ex.what();
     }
@@ -546,9 +534,23 @@ TEST(CudaBackwardMisc, CallsBesideAnotherThreadsGlobalCapture) {
   capturer.join();
   cudaStreamDestroy(cap);
   ASSERT_EQ(begin_failure, "");
-  ASSERT_EQ(call_failure, "");
+  ASSERT_EQ(call_failure, "") << "(the capture is the other thread's)";
   ASSERT_EQ(ended, "");
   ASSERT_NO_FATAL_FAILURE(e.expect_results());
+}
+
+TEST(CudaBackwardMisc, CallsBesideAGlobalCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  calls_beside_a_global_capture(false);
+}
+
+// The same calls while another thread holds a global-mode capture open (a training loop's graph
+// captured on one thread, eager calls on another): CUDA's global mode prohibits the unsafe calls
+// on every thread, not only the capturing one, and the relaxed mode the library sets is its own
+// thread's.
+TEST(CudaBackwardMisc, CallsBesideAnotherThreadsGlobalCapture) {
+  FLASHATTN_REQUIRE_GPU();
+  calls_beside_a_global_capture(true);
 }
 
 // deterministic = true: 100 runs give bitwise the same dq, dk, dv (GQA, so dk/dv sum over heads).
