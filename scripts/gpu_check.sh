@@ -206,9 +206,10 @@ if [[ $what == *tests* ]]; then
   fwd_256_cases='*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*_d256*'
   suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=1 FLASHATTN_CUDA_FWD_PERSISTENT_BLOCKS=3
   suite_with "$fwd_256_cases" FLASHATTN_CUDA_FWD_BN64=0
-  # head_dim 192's block_n 96 config (unmasked calls whose key count favours it, 1024 keys) at
-  # every 192 shape, masked ones included.
-  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*' FLASHATTN_CUDA_FWD_D192_BN=96 FLASHATTN_CUDA_FWD_BN64=0
+  # head_dim 192's block_n 96 and 112 configs (the default picks by key count without a mask, 112
+  # under one) at every 192 shape, masked and varlen ones included.
+  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*dv160*' FLASHATTN_CUDA_FWD_D192_BN=96 FLASHATTN_CUDA_FWD_BN64=0
+  suite_with '*CudaForward.*_d192*:*CudaForward.*_d160*:*CudaForward.*dv160*' FLASHATTN_CUDA_FWD_D192_BN=112 FLASHATTN_CUDA_FWD_BN64=0
   # The same for the backward's narrower configs (tile_256.hpp).
   suite_with '*CudaBackward.*d192*:*CudaBackward.*d160*:*CudaBackward.*dv160*:*CudaBackward.*d136*' FLASHATTN_CUDA_BWD_D192=0
   # The Hopper backward's split tail on every block, under every mask (a block's query steps in
@@ -224,6 +225,7 @@ if [[ $what == *tests* ]]; then
   suite_with 'CudaBackwardMisc.CallsBesideAGlobalCapture'
   suite_with 'CudaBackwardMisc.CallsBesideAnotherThreadsGlobalCapture'
   suite_with 'CudaBackwardMisc.UnderGlobalModeCapture'
+  suite_with 'CudaForwardMisc.Fp8UnderAndBesideAGlobalCapture'
 fi
 
 if [[ $what == *sanitize* ]]; then
@@ -268,7 +270,7 @@ if [[ $what == *sanitize* ]]; then
   # default at these lengths (a key tile of 80 or 112 rows: the diagonal, varlen sequence ends).
   wide_cases=(bf16_b2_sq113_sk203_h2k2_d256_causalBR 'bf16_varlen_517*_d192_causalBR' bf16_b2_sq1_sk300_h2k2_d256_causalTL)
   filter_wide=$(printf '*CudaForward.*/%s:' "${wide_cases[@]}")
-  sanitize_three "256 bucket block_n 80 / 112" "${filter_wide%:}" FLASHATTN_CUDA_FWD_BN64=0
+  sanitize_three "256 bucket block_n 80 / 112" "${filter_wide%:}" FLASHATTN_CUDA_FWD_BN64=0 FLASHATTN_CUDA_FWD_D192_BN=112
   sanitize_three "head_dim 192 block_n 96" "*CudaForward.*/bf16_varlen_517*_d192_causalBR:*CudaForward.*/bf16_b1_sq1100_sk700_h2k2_d192" \
     FLASHATTN_CUDA_FWD_D192_BN=96 FLASHATTN_CUDA_FWD_BN64=0
   # And on backward cases with the Hopper kernel's split tail forced on every block (the parts'

@@ -908,11 +908,15 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
            (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
             fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
   };
-  // Whether the 192 config steps 96 keys instead of 112 (fwd_d192_block_n()):
-  // FLASHATTN_CUDA_FWD_D192_BN=96 / 112 (testing, read per call) forces either.
+  // Whether the 192 config steps 96 keys instead of 112: without a causal mask or window, as
+  // fwd_d192_block_n() says (its count assumes every query tile sweeps all keys; masked calls keep
+  // the measured 112). FLASHATTN_CUDA_FWD_D192_BN=96 / 112 (testing, read per call) forces either
+  // wherever the block_n 64 config does not run (masked_short() is asked first; other values are
+  // ignored).
   [[maybe_unused]] auto d192_bn96 = [&] {
-    return env_is("FLASHATTN_CUDA_FWD_D192_BN", "96") ||
-           (!env_is("FLASHATTN_CUDA_FWD_D192_BN", "112") && fwd_d192_block_n(p.seqlen_k) == 96);
+    if (env_is("FLASHATTN_CUDA_FWD_D192_BN", "96")) return true;
+    if (env_is("FLASHATTN_CUDA_FWD_D192_BN", "112")) return false;
+    return p.window_size_left < 0 && p.window_size_right < 0 && fwd_d192_block_n(p.seqlen_k) == 96;
   };
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as

@@ -496,10 +496,10 @@ void calls_beside_a_global_capture(bool other_thread) {
   std::promise<std::string> begun;  // the capturing thread: "" once its capture is open
   std::promise<void> calls_done;    // this thread: its eager calls are over (or threw)
   std::string ended;                // the capturing thread: "" when its capture ended clean
+  int device = 0;
+  FLASHATTN_ASSERT_CUDA(cudaGetDevice(&device));
   std::thread capturer([&] {
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaSetDevice(device);
+    cudaSetDevice(device);  // (a new thread's current device is 0)
     cudaError_t err = cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal);
     if (err != cudaSuccess) {
       begun.set_value(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(err));

@@ -192,7 +192,7 @@ std::vector<GpuCase> forward_cases() {
     {
       // The 256 bucket's narrower sm90 configs (fwd_traits.hpp): head_dim <= 192 with head_dim_v
       // <= 128 (MLA's 192 / 128: block_n 128, V and O of 128 columns) and both <= 192 (block_n
-      // 112, 96 where the keys split better (1024; the varlen batch's 1029), or 64 and persistent
+      // 112, 96 without a mask where the keys split better (1024, 113), or 64 and persistent
       // where a causal mask or window meets <= 1024 keys): GQA, both causal alignments, a window with softcap, ALiBi, zero-filled
       // columns (head_dim 160, head_dim_v 96 / 40), varlen tiles that cross sequence ends (the V
       // rows zeroed over head_dim_v's panels, out by per-thread stores), and the ring wrapping.
@@ -237,7 +237,7 @@ std::vector<GpuCase> forward_cases() {
       c.head_dim_v = 128;
       c.with_lse = false;
       add(c, GpuLayout::head_major);
-      c = base(dt, 2, 300, 1024, 4, 2, 192);  // block_n 96: 11 steps, none partial
+      c = base(dt, 2, 300, 1024, 4, 2, 192);  // block_n 96: 11 steps, the last holding 64 keys
       add(c);
     }
     {
