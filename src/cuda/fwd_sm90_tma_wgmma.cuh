@@ -903,10 +903,10 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   // Whether the 256 bucket's 256 or 192 config runs its block_n 64 version (fwd_traits.hpp):
   // FLASHATTN_CUDA_FWD_BN64=1 / 0 (testing, read per call) at every shape / at none.
   // (Asked only where one of those configs would run: not for MLA's.)
+  [[maybe_unused]] const bool masked = p.window_size_left >= 0 || p.window_size_right >= 0;
   [[maybe_unused]] auto masked_short = [&] {
     return env_is("FLASHATTN_CUDA_FWD_BN64", "1") ||
-           (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") &&
-            fwd_256_masked_short(p.window_size_left >= 0 || p.window_size_right >= 0, p.seqlen_k));
+           (!env_is("FLASHATTN_CUDA_FWD_BN64", "0") && fwd_256_masked_short(masked, p.seqlen_k));
   };
   // Whether the 192 config steps 96 keys instead of 112: without a causal mask or window, as
   // fwd_d192_block_n() says (its count assumes every query tile sweeps all keys; masked calls keep
@@ -916,7 +916,7 @@ void launch_fwd_sm90(const FwdParams& p, int batch, int max_seqlen_q, int64_t ro
   [[maybe_unused]] auto d192_bn96 = [&] {
     if (env_is("FLASHATTN_CUDA_FWD_D192_BN", "96")) return true;
     if (env_is("FLASHATTN_CUDA_FWD_D192_BN", "112")) return false;
-    return p.window_size_left < 0 && p.window_size_right < 0 && fwd_d192_block_n(p.seqlen_k) == 96;
+    return !masked && fwd_d192_block_n(p.seqlen_k) == 96;
   };
   if constexpr (requires { typename Traits::MlaConfig; }) {
     // FLASHATTN_CUDA_FWD_D192=0 (testing, A/B within one process: read per call, as

@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -312,6 +313,39 @@ class GraphCapture {
   cudaStream_t stream_ = nullptr;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+};
+
+// Throws, naming the call, once `cap`'s capture is no longer active (a call CUDA refuses beside a
+// global-mode capture ends it).
+inline void expect_still_capturing(cudaStream_t cap, const char* after) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(cap, &status);
+  if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
+    throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" + cudaGetErrorName(err) +
+                             ")");
+}
+
+// For calls beside another stream's capture: a non-blocking stream of their own, and a scratch
+// buffer whose memset is the captured stream's one operation (record()). set_up() with
+// ASSERT_NO_FATAL_FAILURE.
+struct EagerBesideCapture {
+  cudaStream_t stream = nullptr;  // the eager calls'
+  void* scratch = nullptr;        // what the capture records
+  EagerBesideCapture() = default;
+  EagerBesideCapture(const EagerBesideCapture&) = delete;
+  EagerBesideCapture& operator=(const EagerBesideCapture&) = delete;
+  ~EagerBesideCapture() {
+    cudaFree(scratch);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  void set_up() {
+    FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    FLASHATTN_ASSERT_CUDA(cudaMalloc(&scratch, 64));
+  }
+  void record(cudaStream_t cap) const {
+    if (const cudaError_t err = cudaMemsetAsync(scratch, 0, 64, cap); err != cudaSuccess)
+      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
+  }
 };
 
 // The device copy of a Problem: inputs uploaded, outputs and gradients poisoned.

@@ -410,9 +410,7 @@ TEST(CudaBackwardMisc, UnderGlobalModeCapture) {
 // way), so the library relaxes its thread's capture mode around them. The forward's counter is
 // allocated only on a stream's first call: gpu_check.sh also runs these tests alone, each in a
 // process whose streams are all fresh.
-struct BesideACapture {
-  cudaStream_t stream = nullptr;  // the eager calls'
-  void* scratch = nullptr;        // what the capture records
+struct BesideACapture : EagerBesideCapture {
   ProblemConfig c, cv;
   uint64_t seed = fresh_seed();
   Problem pr, prv;
@@ -429,32 +427,18 @@ struct BesideACapture {
         prv(cv, seed + 1),
         g(pr, GpuLayout::contiguous),
         gv(prv, GpuLayout::contiguous) {}
-  ~BesideACapture() {
-    cudaFree(scratch);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-  void set_up() {
-    FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    FLASHATTN_ASSERT_CUDA(cudaMalloc(&scratch, 64));
-  }
-  // The captured stream's one operation.
-  void record(cudaStream_t cap) const {
-    if (const cudaError_t err = cudaMemsetAsync(scratch, 0, 64, cap); err != cudaSuccess)
-      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
-  }
-  // The eager calls; after each, still_capturing(name) (which throws once the capture is over).
-  template <typename F>
-  void eager_calls(F&& still_capturing) {
+  // The eager calls, each checked not to have ended `cap`'s capture.
+  void eager_calls(cudaStream_t cap) {
     AttentionParams a = g.params(), av = gv.params();
     a.stream = av.stream = stream;
     forward(a);
-    still_capturing("the causal forward");
+    expect_still_capturing(cap, "the causal forward");
     forward(av);
-    still_capturing("the varlen forward");
+    expect_still_capturing(cap, "the varlen forward");
     backward(a);
-    still_capturing("the backward");
+    expect_still_capturing(cap, "the backward");
     backward(av);
-    still_capturing("the varlen backward");
+    expect_still_capturing(cap, "the varlen backward");
   }
   void expect_results() {
     FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(stream));
@@ -464,15 +448,6 @@ struct BesideACapture {
     expect_gradients_match(gv);
   }
 };
-
-// Throws, naming the call, once `cap`'s capture is no longer active (a refused call ends it).
-void expect_still_capturing(cudaStream_t cap, const char* after) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t err = cudaStreamIsCapturing(cap, &status);
-  if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
-    throw std::runtime_error(std::string("the capture was invalidated by ") + after + " (" + cudaGetErrorName(err) +
-                             ")");
-}
 
 // The eager calls beside a global-mode capture that this thread holds open, or (other_thread)
 // another thread.
@@ -486,7 +461,7 @@ void calls_beside_a_global_capture(bool other_thread) {
     GraphCapture graph(cudaStreamCaptureModeGlobal);
     ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
       e.record(cap);
-      e.eager_calls([&](const char* after) { expect_still_capturing(cap, after); });
+      e.eager_calls(cap);
     }));
     ASSERT_NO_FATAL_FAILURE(e.expect_results());
     return;
@@ -525,7 +500,7 @@ void calls_beside_a_global_capture(bool other_thread) {
   std::string call_failure;
   if (begin_failure.empty()) {
     try {
-      e.eager_calls([&](const char* after) { expect_still_capturing(cap, after); });
+      e.eager_calls(cap);
     } catch (const std::exception& ex) {
       call_failure = ex.what();
     }

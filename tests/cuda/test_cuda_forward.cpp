@@ -447,28 +447,15 @@ TEST(CudaForwardMisc, Fp8UnderAndBesideAGlobalCapture) {
     }
   }
   SCOPED_TRACE("eager, beside a capture");
-  struct Eager {
-    cudaStream_t stream = nullptr;
-    void* scratch = nullptr;
-    ~Eager() {
-      cudaFree(scratch);
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }
-  } e;
-  FLASHATTN_ASSERT_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
-  FLASHATTN_ASSERT_CUDA(cudaMalloc(&e.scratch, 64));
+  EagerBesideCapture e;
+  ASSERT_NO_FATAL_FAILURE(e.set_up());
   GraphCapture graph(cudaStreamCaptureModeGlobal);
   ASSERT_NO_FATAL_FAILURE(graph.capture([&](cudaStream_t cap) {
-    if (const cudaError_t err = cudaMemsetAsync(e.scratch, 0, 64, cap); err != cudaSuccess)
-      throw std::runtime_error(std::string("cudaMemsetAsync on the captured stream: ") + cudaGetErrorString(err));
+    e.record(cap);
     AttentionParams a = g_eager.params();
     a.stream = e.stream;
     forward(a);
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaError_t err = cudaStreamIsCapturing(cap, &status);
-    if (err != cudaSuccess || status != cudaStreamCaptureStatusActive)
-      throw std::runtime_error(std::string("the capture was invalidated by the FP8 forward (") + cudaGetErrorName(err) +
-                               ")");
+    expect_still_capturing(cap, "the FP8 forward");
   }));
   FLASHATTN_ASSERT_CUDA(cudaStreamSynchronize(e.stream));
   expect_fp8_matches(g_eager);
